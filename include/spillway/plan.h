@@ -1,0 +1,179 @@
+#pragma once
+// The activation-offload planner: which saved forward activations of a joint
+// forward+backward graph move to host memory, and the graph edits that do it.
+//
+// The default policy is the graph-mode activation swap of the reference system
+// (DESIGN.md, seed 000):
+//   * candidates are forward call_function results produced inside the scope
+//     (a module whose qualified name ends in `scope`, default "self_attn") and
+//     read by backward, directly or through a chain of aliases;
+//   * a candidate is offloadable only when it is tensor-valued, not a view, not
+//     a collective, not DTensor-like, rank >= 2, contiguous, at least
+//     `min_bytes` large with a known (hinted) size, and the sole owner of a
+//     storage that nothing writes in place, no input/get_attr shares, and no
+//     graph output reads;
+//   * selection is largest-first within the host budget (0 = unlimited);
+//   * edits: offload right after the producer; a forward wait after the last
+//     forward use of the storage group; a reload and a backward wait before the
+//     first backward reader, backward readers redirected (views replayed on the
+//     reloaded value); reloads prefetched `prefetch_regions` scope regions early.
+//
+// Thread-safety: every function here is pure (no shared state); call them from
+// any thread.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spillway/graph.h"
+
+namespace spillway {
+
+// Targets of the nodes the planner inserts (and the custom ops of the torch
+// extension). Their schemas are added to Graph::ops of a rewritten graph.
+inline constexpr std::string_view kOffloadTarget = "spillway.offload.default";
+inline constexpr std::string_view kReloadTarget = "spillway.reload.default";
+inline constexpr std::string_view kWaitTarget = "spillway.wait_tensor.default";
+
+enum class ActivationMode {
+  kNone,   // plan nothing; the graph comes back unchanged
+  kScope,  // the seed policy over the modules named by `scope`
+};
+
+struct ActivationPlanOptions {
+  ActivationMode mode = ActivationMode::kScope;
+  // Leaf module name that defines the scope: a node is in scope when a module
+  // on its stack has this last path component.
+  std::string scope = "self_attn";
+  // Host bytes the plan may move; 0 means unlimited. Negative is rejected.
+  std::int64_t host_budget_bytes = 0;
+  // Smallest activation worth a transfer. Negative is rejected.
+  std::int64_t min_bytes = 1 << 20;
+  // How many scope regions earlier each reload starts in backward. Negative is
+  // rejected.
+  int prefetch_regions = 1;
+};
+
+// The rule that decided a value's fate. Each has a named, tested function in
+// src/plan.
+enum class Rule {
+  kChosen,              // offloaded
+  kOutOfScope,          // not produced inside the scope
+  kNotCallFunction,     // placeholder, get_attr, call_method, ...
+  kOffloadOp,           // itself an offload/reload/wait node
+  kView,                // a view op: aliases its base, frees nothing
+  kCollective,          // a collective or its wait
+  kNotTensor,           // produces no single tensor
+  kDTensor,             // DTensor-like wrapper
+  kRankBelowTwo,        // rank 0 or 1
+  kNotContiguous,
+  kUnknownSize,         // an unbacked size: no hint
+  kTooSmall,            // below min_bytes
+  kUnknownStorage,      // storage identity unknown
+  kStorageWrittenInPlace,   // some node writes the storage in place
+  kStorageSharedExternally, // a placeholder/get_attr/non-call_function shares it
+  kStorageMutatingSharer,   // a mutating op produces a member of the group
+  kStorageIsOutput,         // a member of the group is a graph output
+  kNotStorageOwner,         // an earlier node owns the storage
+  kNoBackwardReader,        // backward never reads it
+  kTupleLastUse,            // last forward use returns a tuple/list
+  kOverBudget,              // did not fit the host budget
+};
+std::string_view to_string(Rule rule);
+// One line a user can read: "storage is written in place by a later node".
+std::string_view describe(Rule rule);
+
+// The verdict on one forward tensor-valued node.
+struct ValueDecision {
+  NodeId node = -1;
+  std::string name;
+  std::optional<std::int64_t> bytes;  // hinted byte count, if known
+  Rule rule = Rule::kOutOfScope;
+  // Extra facts for the reader ("written by node 41 (add_)"); may be empty.
+  std::string detail;
+};
+
+// Where an inserted node goes, relative to an anchor node of the rewritten
+// graph. Several nodes inserted at one anchor keep the order of their edits:
+// "after X" appends after X and the nodes already inserted after it; "before X"
+// places the node just before X, after the nodes already inserted before it.
+enum class Placement { kAfter, kBefore };
+
+enum class EditKind {
+  kOffload,       // new node: spillway.offload(value)
+  kForwardWait,   // new node: spillway.wait_tensor(offload, keepalive, last_use)
+  kReload,        // new node: spillway.reload(forward_wait, device)
+  kBackwardWait,  // new node: spillway.wait_tensor(reload, forward_wait)
+  kReplayView,    // new node: a copy of a forward view applied to the reloaded value
+  kRedirect,      // existing node `reader`: replace input `from` with `to`
+};
+std::string_view to_string(EditKind kind);
+
+struct Edit {
+  EditKind kind = EditKind::kOffload;
+  // For insertions: the complete new node (a fresh id; phase, module stack and
+  // value set as the rewritten graph should carry them), its anchor and placement.
+  Node node;
+  NodeId anchor = -1;
+  Placement placement = Placement::kAfter;
+  // For kRedirect: every reference to `from` in reader's args/kwargs becomes `to`.
+  NodeId reader = -1;
+  NodeId from = -1;
+  NodeId to = -1;
+  // The offloaded producer this edit serves.
+  NodeId source = -1;
+};
+
+// One chosen activation and the nodes that move it.
+struct Offload {
+  NodeId producer = -1;
+  std::int64_t bytes = 0;
+  NodeId last_forward_use = -1;    // after which the forward wait sits
+  NodeId first_backward_reader = -1;
+  NodeId offload_node = -1;
+  NodeId forward_wait_node = -1;
+  NodeId reload_node = -1;
+  NodeId backward_wait_node = -1;
+  bool prefetched = false;  // the reload was moved earlier than its reader
+};
+
+struct Plan {
+  ActivationPlanOptions options;
+  std::vector<ValueDecision> decisions;  // every forward tensor-valued node, graph order
+  std::vector<Offload> offloads;         // chosen, largest first
+  std::vector<Edit> edits;               // in application order
+  std::int64_t candidate_count = 0;      // passed every rule but the budget
+  std::int64_t bytes_offloaded = 0;
+  std::int64_t reloads_prefetched = 0;
+};
+
+struct PlanResult {
+  Plan plan;
+  Graph graph;  // the input with plan.edits applied; passes verify_offload_graph
+};
+
+// Plan activation offload for a joint forward+backward graph.
+// Throws InvalidArgument for options out of range or a scope that matches no
+// module of the graph (the message names the scope), InvalidGraph when `graph`
+// breaks verify_graph. The input is never modified.
+PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptions& options);
+
+// Apply edits to a graph (insertions at anchors, then redirects), returning the
+// rewritten graph. Throws InvalidArgument when an edit names a node the graph
+// lacks or reuses an existing id. The input is never modified.
+Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits);
+
+// Check the offload invariants of a rewritten graph, on top of verify_graph:
+//   (a) every offload node has exactly one forward wait, one reload and one
+//       backward wait chained to it;
+//   (b) every wait precedes the first reader of its result, and the forward wait
+//       comes after every forward reader of the offloaded storage group;
+//   (c) no backward node reads an offloaded value, or an alias of it, directly;
+//   (d) no offloaded storage is written in place anywhere in the graph.
+// `original` is the graph before the edits. Throws InvalidGraph naming the
+// offloaded value and the broken invariant.
+void verify_offload_graph(const Graph& original, const Graph& rewritten);
+
+}  // namespace spillway
