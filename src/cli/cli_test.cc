@@ -1,0 +1,290 @@
+// Drives the built `spillway` binary the way a user does and checks what the
+// user sees: exit codes, messages, the JSON summary and the emitted graph.
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "spillway/graph.h"
+#include "spillway/plan.h"
+
+namespace spillway {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream stream(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << stream.rdbuf();
+  return buffer.str();
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("spillway_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs `spillway <args>`; `args` is passed through the shell, so quote paths.
+  CliRun run(const std::string& args) const {
+    const fs::path out = dir_ / "stdout.txt";
+    const fs::path err = dir_ / "stderr.txt";
+    const std::string command = std::string("'") + SPILLWAY_CLI + "' " + args + " >'" +
+                                out.string() + "' 2>'" + err.string() + "'";
+    const int status = std::system(command.c_str());
+    CliRun result;
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    result.out = read_text(out);
+    result.err = read_text(err);
+    return result;
+  }
+
+  fs::path write_file(const std::string& name, const std::string& text) const {
+    const fs::path path = dir_ / name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+
+  fs::path dir_;
+};
+
+// Two decoder layers; each has a self_attn block producing two 4 MiB float32
+// activations (mm, relu) that backward reads, and an mlp block whose 4 MiB
+// activation backward never reads. With the defaults the planner moves the four
+// self_attn activations: 16 MiB.
+constexpr const char* kTwoLayerGraph = R"json({
+  "format": "spillway.graph", "version": 1, "name": "two-layer test graph",
+  "ops": {
+    "aten.mm.default": {"namespace": "aten", "arguments": [{"name": "self"}, {"name": "mat2"}]},
+    "aten.relu.default": {"namespace": "aten", "arguments": [{"name": "self"}]},
+    "aten.mul.Tensor": {"namespace": "aten", "arguments": [{"name": "self"}, {"name": "other"}]},
+    "aten.sum.default": {"namespace": "aten", "arguments": [{"name": "self"}, {"name": "dtype", "kwarg_only": true}]}
+  },
+  "nodes": [
+    {"id": 0, "name": "x", "kind": "placeholder", "target": "x",
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 0, "device": "cuda:0"}},
+    {"id": 1, "name": "w", "kind": "placeholder", "target": "w",
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [256, 256], "strides": [256, 1], "contiguous": true, "storage": 1, "device": "cuda:0"}},
+    {"id": 2, "name": "mm_0", "kind": "call_function", "target": "aten.mm.default", "args": [{"node": 0}, {"node": 1}],
+     "module_stack": ["model.layers.0", "model.layers.0.self_attn"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 2, "device": "cuda:0"}},
+    {"id": 3, "name": "relu_0", "kind": "call_function", "target": "aten.relu.default", "args": [{"node": 2}],
+     "module_stack": ["model.layers.0", "model.layers.0.self_attn"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 3, "device": "cuda:0"}},
+    {"id": 4, "name": "mm_1", "kind": "call_function", "target": "aten.mm.default", "args": [{"node": 3}, {"node": 1}],
+     "module_stack": ["model.layers.0", "model.layers.0.mlp"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 4, "device": "cuda:0"}},
+    {"id": 5, "name": "mm_2", "kind": "call_function", "target": "aten.mm.default", "args": [{"node": 4}, {"node": 1}],
+     "module_stack": ["model.layers.1", "model.layers.1.self_attn"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 5, "device": "cuda:0"}},
+    {"id": 6, "name": "relu_1", "kind": "call_function", "target": "aten.relu.default", "args": [{"node": 5}],
+     "module_stack": ["model.layers.1", "model.layers.1.self_attn"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 6, "device": "cuda:0"}},
+    {"id": 7, "name": "mm_3", "kind": "call_function", "target": "aten.mm.default", "args": [{"node": 6}, {"node": 1}],
+     "module_stack": ["model.layers.1", "model.layers.1.mlp"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 7, "device": "cuda:0"}},
+    {"id": 8, "name": "loss", "kind": "call_function", "target": "aten.sum.default", "args": [{"node": 7}],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [], "strides": [], "contiguous": true, "storage": 8, "device": "cuda:0"}},
+    {"id": 9, "name": "grad_1", "kind": "call_function", "target": "aten.mul.Tensor", "args": [{"node": 6}, {"node": 5}], "phase": "backward",
+     "module_stack": ["model.layers.1", "model.layers.1.self_attn"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 9, "device": "cuda:0"}},
+    {"id": 10, "name": "grad_0", "kind": "call_function", "target": "aten.mul.Tensor", "args": [{"node": 3}, {"node": 9}], "phase": "backward",
+     "module_stack": ["model.layers.0", "model.layers.0.self_attn"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 10, "device": "cuda:0"}},
+    {"id": 11, "name": "grad_00", "kind": "call_function", "target": "aten.mul.Tensor", "args": [{"node": 2}, {"node": 10}], "phase": "backward",
+     "module_stack": ["model.layers.0", "model.layers.0.self_attn"],
+     "value": {"type": "tensor", "dtype": "float32", "element_size": 4, "sizes": [4096, 256], "strides": [256, 1], "contiguous": true, "storage": 11, "device": "cuda:0"}},
+    {"id": 12, "name": "output", "kind": "output", "target": "output", "args": [[{"node": 8}, {"node": 11}]], "phase": "backward"}
+  ]
+})json";
+
+constexpr std::int64_t kTwoLayerBytes = 4 * 4 * 1024 * 1024;
+
+TEST_F(CliTest, PlanPrintsReadableSummary) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const CliRun run_result = run("plan '" + graph.string() + "'");
+  ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
+  EXPECT_NE(run_result.out.find("two-layer test graph"), std::string::npos) << run_result.out;
+  EXPECT_NE(run_result.out.find("13 (9 forward, 4 backward)"), std::string::npos)
+      << run_result.out;
+  EXPECT_NE(run_result.out.find("chosen:             4 values, 16.00 MiB"), std::string::npos)
+      << run_result.out;
+  EXPECT_NE(run_result.out.find("host budget:        unlimited"), std::string::npos);
+  // The table names the chosen values with shape and dtype.
+  EXPECT_NE(run_result.out.find("relu_1"), std::string::npos);
+  EXPECT_NE(run_result.out.find("[4096, 256]"), std::string::npos);
+  // The mlp activations are large but skipped, and the summary says why.
+  EXPECT_NE(run_result.out.find("not chosen: 2"), std::string::npos) << run_result.out;
+  EXPECT_NE(run_result.out.find("mm_1"), std::string::npos) << run_result.out;
+}
+
+TEST_F(CliTest, JsonSummaryIsParseableAndCountsMatch) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const CliRun run_result = run("plan --json '" + graph.string() + "'");
+  ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
+  const nlohmann::json summary = nlohmann::json::parse(run_result.out);
+  EXPECT_EQ(summary.at("chosen").get<int>(), 4);
+  EXPECT_EQ(summary.at("candidates").get<int>(), 4);
+  EXPECT_EQ(summary.at("bytes_offloaded").get<std::int64_t>(), kTwoLayerBytes);
+  EXPECT_TRUE(summary.at("reloads_prefetched").is_number_integer());
+  EXPECT_EQ(summary.at("offloads").size(), 4u);
+  ASSERT_TRUE(summary.at("decisions").is_array());
+  int chosen_decisions = 0;
+  for (const nlohmann::json& decision : summary.at("decisions")) {
+    ASSERT_TRUE(decision.contains("node") && decision.contains("name") &&
+                decision.contains("bytes") && decision.contains("rule"))
+        << decision.dump();
+    if (decision.at("rule") == std::string(to_string(Rule::kChosen))) ++chosen_decisions;
+  }
+  EXPECT_EQ(chosen_decisions, 4);
+}
+
+TEST_F(CliTest, BudgetLimitsTheBytesMoved) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  // 9 MiB fits two of the four 4 MiB activations.
+  const CliRun run_result =
+      run("plan --json --host-budget-gib 0.0087890625 '" + graph.string() + "'");
+  ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
+  const nlohmann::json summary = nlohmann::json::parse(run_result.out);
+  EXPECT_EQ(summary.at("chosen").get<int>(), 2);
+  EXPECT_EQ(summary.at("candidates").get<int>(), 4);
+  EXPECT_EQ(summary.at("bytes_offloaded").get<std::int64_t>(), kTwoLayerBytes / 2);
+}
+
+TEST_F(CliTest, ModeNoneMovesNothing) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const CliRun run_result = run("plan --json --mode none '" + graph.string() + "'");
+  ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
+  const nlohmann::json summary = nlohmann::json::parse(run_result.out);
+  EXPECT_EQ(summary.at("chosen").get<int>(), 0);
+  EXPECT_EQ(summary.at("bytes_offloaded").get<std::int64_t>(), 0);
+}
+
+TEST_F(CliTest, EmittedGraphValidates) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  for (const std::string name : {"out.json", "out.json.zst"}) {
+    const fs::path out = dir_ / name;
+    const CliRun planned = run("plan --emit-graph '" + out.string() + "' '" + graph.string() + "'");
+    ASSERT_EQ(planned.exit_code, 0) << planned.err;
+    const CliRun validated = run("validate '" + out.string() + "'");
+    EXPECT_EQ(validated.exit_code, 0) << validated.err;
+    EXPECT_EQ(validated.out.rfind("ok: ", 0), 0u) << validated.out;
+
+    const Graph original = load_graph(graph.string());
+    const Graph rewritten = load_graph(out.string());
+    EXPECT_NO_THROW(verify_graph(rewritten));
+    EXPECT_NO_THROW(verify_offload_graph(original, rewritten));
+    int offloads = 0;
+    for (const Node& node : rewritten.nodes) offloads += node.target == kOffloadTarget;
+    EXPECT_EQ(offloads, 4) << name;
+  }
+}
+
+TEST_F(CliTest, ValidatePrintsOneLine) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const CliRun run_result = run("validate '" + graph.string() + "'");
+  ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
+  EXPECT_EQ(run_result.out.find('\n'), run_result.out.size() - 1) << run_result.out;
+  EXPECT_NE(run_result.out.find("13 nodes (9 forward, 4 backward)"), std::string::npos)
+      << run_result.out;
+}
+
+TEST_F(CliTest, BadGraphExitsOneWithComponentMessage) {
+  std::string broken = kTwoLayerGraph;
+  const std::string reference = R"("args": [{"node": 6}, {"node": 5}])";
+  broken.replace(broken.find(reference), reference.size(), R"("args": [{"node": 6}, {"node": 99}])");
+  const fs::path graph = write_file("bad.json", broken);
+  for (const std::string command : {"validate", "plan"}) {
+    const CliRun run_result = run(command + " '" + graph.string() + "'");
+    EXPECT_EQ(run_result.exit_code, 1) << command;
+    EXPECT_EQ(run_result.err.rfind("[", 0), 0u) << run_result.err;
+    EXPECT_NE(run_result.err.find("grad_1"), std::string::npos) << run_result.err;
+    EXPECT_NE(run_result.err.find("99"), std::string::npos) << run_result.err;
+  }
+  const CliRun not_json = run("validate '" + write_file("junk.json", "{not json").string() + "'");
+  EXPECT_EQ(not_json.exit_code, 1);
+  EXPECT_EQ(not_json.err.rfind("[", 0), 0u) << not_json.err;
+}
+
+TEST_F(CliTest, MissingFileExitsThree) {
+  const std::string missing = (dir_ / "no_such_graph.json").string();
+  for (const std::string command : {"validate", "plan"}) {
+    const CliRun run_result = run(command + " '" + missing + "'");
+    EXPECT_EQ(run_result.exit_code, 3) << command;
+    EXPECT_NE(run_result.err.find("no_such_graph.json"), std::string::npos) << run_result.err;
+  }
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const CliRun unwritable = run("plan --emit-graph '" + (dir_ / "no_dir" / "out.json").string() +
+                                "' '" + graph.string() + "'");
+  EXPECT_EQ(unwritable.exit_code, 3) << unwritable.err;
+}
+
+TEST_F(CliTest, InvalidOptionValuesExitOne) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const std::string path = " '" + graph.string() + "'";
+  const CliRun budget = run("plan --host-budget-gib -1" + path);
+  EXPECT_EQ(budget.exit_code, 1);
+  EXPECT_EQ(budget.err.rfind("[cli] --host-budget-gib", 0), 0u) << budget.err;
+  const CliRun mode = run("plan --mode sometimes" + path);
+  EXPECT_EQ(mode.exit_code, 1);
+  EXPECT_NE(mode.err.find("sometimes"), std::string::npos) << mode.err;
+  const CliRun scope = run("plan --scope no_such_module" + path);
+  EXPECT_EQ(scope.exit_code, 1);
+  EXPECT_EQ(scope.err.rfind("[", 0), 0u) << scope.err;
+  EXPECT_NE(scope.err.find("no_such_module"), std::string::npos) << scope.err;
+  const CliRun min_bytes = run("plan --min-bytes -5" + path);
+  EXPECT_EQ(min_bytes.exit_code, 1);
+  EXPECT_EQ(min_bytes.err.rfind("[", 0), 0u) << min_bytes.err;
+}
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  EXPECT_EQ(run("plan --no-such-flag").exit_code, 2);
+  EXPECT_EQ(run("validate").exit_code, 2);
+  EXPECT_EQ(run("").exit_code, 2);
+  EXPECT_EQ(run("plan --min-bytes lots").exit_code, 2);
+}
+
+TEST_F(CliTest, HelpOnEveryCommandDocumentsExitCodes) {
+  for (const std::string command : {"--help", "plan --help", "validate --help"}) {
+    const CliRun run_result = run(command);
+    EXPECT_EQ(run_result.exit_code, 0) << command;
+    EXPECT_NE(run_result.out.find("Exit codes"), std::string::npos) << command;
+    EXPECT_NE(run_result.out.find("3  I/O error"), std::string::npos) << command;
+  }
+  EXPECT_NE(run("plan --help").out.find("--emit-graph"), std::string::npos);
+}
+
+TEST_F(CliTest, DefaultGraphIsPlannedOrReportedMissing) {
+  const fs::path default_graph =
+      fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama3-8b-s8192.json.zst";
+  const CliRun run_result = run("plan --json");
+  if (fs::exists(default_graph)) {
+    ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
+    EXPECT_GT(nlohmann::json::parse(run_result.out).at("chosen").get<int>(), 0);
+  } else {
+    EXPECT_EQ(run_result.exit_code, 3);
+    EXPECT_NE(run_result.err.find("llama3-8b-s8192.json.zst"), std::string::npos)
+        << run_result.err;
+  }
+}
+
+}  // namespace
+}  // namespace spillway

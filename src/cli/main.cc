@@ -1,0 +1,235 @@
+// The `spillway` command: plan activation offload for a joint forward+backward
+// graph, or validate a graph file. See README.md for the reference and
+// `spillway --help` for the exit codes.
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/plan_report.h"
+#include "spillway/error.h"
+#include "spillway/graph.h"
+#include "spillway/plan.h"
+
+namespace spillway::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kExitOk = 0;
+constexpr int kExitInvalid = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitIo = 3;
+
+constexpr const char* kExitCodeHelp =
+    "Exit codes:\n"
+    "  0  success\n"
+    "  1  invalid graph or option value (stderr names it, starting with \"[component]\")\n"
+    "  2  usage error: unknown option, missing or malformed argument\n"
+    "  3  I/O error: graph file missing or unreadable, output not writable";
+
+// The graph `spillway plan` uses when none is named, relative to the source tree.
+constexpr const char* kDefaultGraph = "examples/graphs/llama3-8b-s8192.json.zst";
+
+// A file could not be found, read or written. Maps to exit code 3.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+void require_readable_file(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) throw IoError("cli", "graph file not found: " + path);
+  if (fs::is_directory(status)) throw IoError("cli", "graph path is a directory: " + path);
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) throw IoError("cli", "cannot open graph file for reading: " + path);
+}
+
+// Where the default graph may live: the source tree this binary was built from,
+// then the tree around the executable (build/<preset>/src/cli/spillway).
+std::vector<fs::path> default_graph_locations() {
+  std::vector<fs::path> locations;
+#ifdef SPILLWAY_SOURCE_DIR
+  locations.push_back(fs::path(SPILLWAY_SOURCE_DIR) / kDefaultGraph);
+#endif
+  std::error_code error;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const fs::path root = exe.parent_path().parent_path().parent_path().parent_path().parent_path();
+    locations.push_back(root / kDefaultGraph);
+  }
+  return locations;
+}
+
+std::string resolve_default_graph() {
+  std::string tried;
+  for (const fs::path& location : default_graph_locations()) {
+    std::error_code error;
+    if (fs::is_regular_file(location, error)) return location.string();
+    tried += (tried.empty() ? "" : ", ") + location.string();
+  }
+  throw IoError("cli", std::string("the built-in default graph ") + kDefaultGraph +
+                           " is missing (looked in: " + tried + "); pass a GRAPH file");
+}
+
+Graph load_verified(const std::string& path) {
+  require_readable_file(path);
+  Graph graph = load_graph(path);
+  verify_graph(graph);
+  return graph;
+}
+
+struct PlanArgs {
+  std::string graph_path;
+  std::string scope = ActivationPlanOptions{}.scope;
+  std::string mode = "scope";
+  double host_budget_gib = 0.0;
+  std::int64_t min_bytes = ActivationPlanOptions{}.min_bytes;
+  int prefetch_regions = ActivationPlanOptions{}.prefetch_regions;
+  bool json = false;
+  std::string emit_graph;
+};
+
+ActivationPlanOptions to_options(const PlanArgs& args) {
+  ActivationPlanOptions options;
+  if (args.mode == "scope") {
+    options.mode = ActivationMode::kScope;
+  } else if (args.mode == "none") {
+    options.mode = ActivationMode::kNone;
+  } else {
+    throw InvalidArgument("cli", "--mode must be 'scope' or 'none', got '" + args.mode + "'");
+  }
+  constexpr double kBytesPerGib = 1024.0 * 1024.0 * 1024.0;
+  // 2^63 bytes is 8 EiB; anything near it is a typo, not a budget.
+  if (!std::isfinite(args.host_budget_gib) || args.host_budget_gib < 0 ||
+      args.host_budget_gib > 1e9) {
+    throw InvalidArgument("cli", "--host-budget-gib must be a number in [0, 1e9], got " +
+                                     std::to_string(args.host_budget_gib));
+  }
+  options.host_budget_bytes = std::llround(args.host_budget_gib * kBytesPerGib);
+  options.scope = args.scope;
+  options.min_bytes = args.min_bytes;
+  options.prefetch_regions = args.prefetch_regions;
+  return options;
+}
+
+int run_plan(const PlanArgs& args) {
+  const ActivationPlanOptions options = to_options(args);
+  const std::string path = args.graph_path.empty() ? resolve_default_graph() : args.graph_path;
+  const Graph graph = load_verified(path);
+  const PlanResult result = plan_activation_offload(graph, options);
+  verify_offload_graph(graph, result.graph);
+  if (!args.emit_graph.empty()) save_graph(result.graph, args.emit_graph);
+
+  if (args.json) {
+    std::cout << format_plan_json(graph, result) << "\n";
+  } else {
+    std::cout << "file:               " << path << "\n" << format_plan_text(graph, result);
+    if (!args.emit_graph.empty()) {
+      std::cout << "\nwrote the rewritten graph (" << result.graph.nodes.size() << " nodes) to "
+                << args.emit_graph << "\n";
+    }
+  }
+  return kExitOk;
+}
+
+int run_validate(const std::string& path) {
+  const Graph graph = load_verified(path);
+  std::int64_t forward = 0;
+  std::int64_t tensors = 0;
+  std::set<std::int64_t> storages;
+  for (const Node& node : graph.nodes) {
+    if (node.phase == Phase::kForward) ++forward;
+    if (node.value.is_tensor()) {
+      ++tensors;
+      if (node.value.tensor.storage) storages.insert(*node.value.tensor.storage);
+    }
+  }
+  std::cout << "ok: " << path << ": '" << graph.name << "', " << graph.nodes.size()
+            << " nodes (" << forward << " forward, "
+            << static_cast<std::int64_t>(graph.nodes.size()) - forward << " backward), "
+            << tensors << " tensor values in " << storages.size() << " storages, "
+            << graph.ops.size() << " op schemas\n";
+  return kExitOk;
+}
+
+// Runs `action`, mapping Spillway's exceptions to the documented exit codes.
+template <typename Action>
+int run_guarded(Action&& action) {
+  try {
+    return action();
+  } catch (const InvalidGraph& e) {
+    std::cerr << e.what() << "\n";
+    return kExitInvalid;
+  } catch (const InvalidArgument& e) {
+    std::cerr << e.what() << "\n";
+    return kExitInvalid;
+  } catch (const IoError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitIo;
+  } catch (const Error& e) {
+    // load_graph and save_graph report an unreadable or unwritable file as a
+    // plain Error; every other failure has a subclass handled above.
+    std::cerr << e.what() << "\n";
+    return typeid(e) == typeid(Error) ? kExitIo : kExitInvalid;
+  } catch (const std::exception& e) {
+    std::cerr << "[cli] unexpected error: " << e.what() << "\n";
+    return kExitInvalid;
+  }
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"spillway: plan which saved activations of a PyTorch joint forward+backward "
+               "graph move to pinned host memory."};
+  app.footer(kExitCodeHelp);
+  app.require_subcommand(1);
+
+  PlanArgs plan_args;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Plan activation offload for GRAPH and print a summary of what moves and why.");
+  plan->footer(kExitCodeHelp);
+  plan->add_option("GRAPH", plan_args.graph_path,
+                   std::string("Graph file (.json or .json.zst); default: the built-in ") +
+                       kDefaultGraph);
+  plan->add_option("--scope", plan_args.scope,
+                   "Leaf module name whose activations may move (default: self_attn)");
+  plan->add_option("--mode", plan_args.mode, "scope: plan over --scope; none: plan nothing")
+      ->default_str("scope");
+  plan->add_option("--host-budget-gib", plan_args.host_budget_gib,
+                   "Host memory the plan may fill, in GiB; 0 = unlimited (default 0)");
+  plan->add_option("--min-bytes", plan_args.min_bytes,
+                   "Smallest activation worth moving, in bytes (default 1048576)");
+  plan->add_option("--prefetch-regions", plan_args.prefetch_regions,
+                   "Start each reload this many scope regions early (default 1)");
+  plan->add_flag("--json", plan_args.json, "Print a JSON object instead of the text summary");
+  plan->add_option("--emit-graph", plan_args.emit_graph,
+                   "Write the rewritten graph to OUT (.json, or .json.zst to compress)");
+
+  std::string validate_path;
+  CLI::App* validate =
+      app.add_subcommand("validate", "Load GRAPH, check every invariant, print a one-line summary.");
+  validate->footer(kExitCodeHelp);
+  validate->add_option("GRAPH", validate_path, "Graph file (.json or .json.zst)")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  if (*plan) return run_guarded([&] { return run_plan(plan_args); });
+  return run_guarded([&] { return run_validate(validate_path); });
+}
+
+}  // namespace
+}  // namespace spillway::cli
+
+int main(int argc, char** argv) { return spillway::cli::main_impl(argc, argv); }

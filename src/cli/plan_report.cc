@@ -1,0 +1,270 @@
+#include "cli/plan_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace spillway::cli {
+namespace {
+
+using NodeIndex = std::unordered_map<NodeId, const Node*>;
+
+NodeIndex index_nodes(const Graph& graph) {
+  NodeIndex index;
+  index.reserve(graph.nodes.size());
+  for (const Node& node : graph.nodes) index.emplace(node.id, &node);
+  return index;
+}
+
+const Node* find_node(const NodeIndex& index, NodeId id) {
+  auto it = index.find(id);
+  return it == index.end() ? nullptr : it->second;
+}
+
+std::string node_name(const NodeIndex& index, NodeId id) {
+  if (id < 0) return "-";
+  const Node* node = find_node(index, id);
+  if (node) return node->name;
+  std::string unknown = "#";
+  return unknown.append(std::to_string(id));
+}
+
+std::string format_dim(const SymSize& size) {
+  if (size.is_concrete()) return size.hint ? std::to_string(*size.hint) : "?";
+  return size.symbol + "=" + (size.hint ? std::to_string(*size.hint) : "?");
+}
+
+struct PhaseCounts {
+  std::int64_t forward = 0;
+  std::int64_t backward = 0;
+};
+
+PhaseCounts count_phases(const Graph& graph) {
+  PhaseCounts counts;
+  for (const Node& node : graph.nodes) {
+    (node.phase == Phase::kForward ? counts.forward : counts.backward) += 1;
+  }
+  return counts;
+}
+
+std::string budget_text(std::int64_t budget) {
+  return budget == 0 ? "unlimited" : human_bytes(budget);
+}
+
+// A forward value a user would have expected to move: large enough to matter.
+bool is_large_skip(const ValueDecision& decision, std::int64_t min_bytes) {
+  return decision.rule != Rule::kChosen && decision.bytes && *decision.bytes >= min_bytes;
+}
+
+struct SkipGroup {
+  Rule rule = Rule::kOutOfScope;
+  std::int64_t count = 0;
+  std::int64_t bytes = 0;
+  std::vector<const ValueDecision*> examples;
+};
+
+// Groups the large skipped values by rule, most frequent first (ties by rule order).
+std::vector<SkipGroup> group_large_skips(const Plan& plan) {
+  std::map<int, SkipGroup> by_rule;
+  for (const ValueDecision& decision : plan.decisions) {
+    if (!is_large_skip(decision, plan.options.min_bytes)) continue;
+    SkipGroup& group = by_rule[static_cast<int>(decision.rule)];
+    group.rule = decision.rule;
+    group.count += 1;
+    group.bytes += *decision.bytes;
+    if (static_cast<int>(group.examples.size()) < kSkipExamplesPerRule) {
+      group.examples.push_back(&decision);
+    }
+  }
+  std::vector<SkipGroup> groups;
+  for (auto& [rule, group] : by_rule) groups.push_back(std::move(group));
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const SkipGroup& a, const SkipGroup& b) { return a.count > b.count; });
+  return groups;
+}
+
+std::string pad(const std::string& text, std::size_t width) {
+  return text.size() >= width ? text : text + std::string(width - text.size(), ' ');
+}
+
+}  // namespace
+
+std::string human_bytes(std::int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024 && bytes > -1024) return std::to_string(bytes) + " B";
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while ((value >= 1024.0 || value <= -1024.0) && unit < 3) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.2f %s", value, kUnits[unit]);
+  return buffer;
+}
+
+std::string format_shape(const TensorInfo& tensor) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < tensor.sizes.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += format_dim(tensor.sizes[i]);
+  }
+  return out + "]";
+}
+
+std::string format_plan_text(const Graph& original, const PlanResult& result) {
+  const Plan& plan = result.plan;
+  const NodeIndex index = index_nodes(result.graph);
+  const PhaseCounts phases = count_phases(original);
+  std::ostringstream out;
+
+  out << "graph:              " << (original.name.empty() ? "(unnamed)" : original.name) << "\n";
+  out << "nodes:              " << original.nodes.size() << " (" << phases.forward
+      << " forward, " << phases.backward << " backward)\n";
+  if (plan.options.mode == ActivationMode::kNone) {
+    out << "mode:               none (nothing planned; the graph is unchanged)\n";
+    return out.str();
+  }
+  out << "scope:              " << plan.options.scope << "\n";
+  out << "min bytes:          " << human_bytes(plan.options.min_bytes) << "\n";
+  out << "candidates:         " << plan.candidate_count << "\n";
+  out << "chosen:             " << plan.offloads.size() << " values, "
+      << human_bytes(plan.bytes_offloaded) << "\n";
+  out << "host budget:        " << budget_text(plan.options.host_budget_bytes) << "\n";
+  out << "reloads prefetched: " << plan.reloads_prefetched << " of " << plan.offloads.size()
+      << " (" << plan.options.prefetch_regions << " region(s) early)\n";
+  out << "nodes after edits:  " << result.graph.nodes.size() << " (+" << plan.edits.size()
+      << " edits)\n";
+
+  if (!plan.offloads.empty()) {
+    struct Row {
+      std::string name, shape, dtype, bytes, last_use, first_reader;
+    };
+    std::vector<Row> rows;
+    Row header{"value", "shape", "dtype", "bytes", "last forward use", "first backward reader"};
+    for (const Offload& offload : plan.offloads) {
+      const Node* producer = find_node(index, offload.producer);
+      Row row;
+      row.name = node_name(index, offload.producer);
+      row.shape = producer && producer->value.is_tensor() ? format_shape(producer->value.tensor)
+                                                          : "?";
+      row.dtype = producer && producer->value.is_tensor() ? producer->value.tensor.dtype : "?";
+      row.bytes = human_bytes(offload.bytes);
+      row.last_use = node_name(index, offload.last_forward_use);
+      row.first_reader = node_name(index, offload.first_backward_reader) +
+                         (offload.prefetched ? " (prefetched)" : "");
+      rows.push_back(std::move(row));
+    }
+    std::size_t widths[5] = {header.name.size(), header.shape.size(), header.dtype.size(),
+                             header.bytes.size(), header.last_use.size()};
+    for (const Row& row : rows) {
+      widths[0] = std::max(widths[0], row.name.size());
+      widths[1] = std::max(widths[1], row.shape.size());
+      widths[2] = std::max(widths[2], row.dtype.size());
+      widths[3] = std::max(widths[3], row.bytes.size());
+      widths[4] = std::max(widths[4], row.last_use.size());
+    }
+    auto print_row = [&](const Row& row) {
+      out << "  " << pad(row.name, widths[0]) << "  " << pad(row.shape, widths[1]) << "  "
+          << pad(row.dtype, widths[2]) << "  " << pad(row.bytes, widths[3]) << "  "
+          << pad(row.last_use, widths[4]) << "  " << row.first_reader << "\n";
+    };
+    out << "\nchosen values (largest first):\n";
+    print_row(header);
+    for (const Row& row : rows) print_row(row);
+  }
+
+  const std::vector<SkipGroup> groups = group_large_skips(plan);
+  std::int64_t skipped = 0;
+  for (const SkipGroup& group : groups) skipped += group.count;
+  out << "\nforward values >= " << human_bytes(plan.options.min_bytes)
+      << " not chosen: " << skipped << "\n";
+  for (const SkipGroup& group : groups) {
+    out << "  " << group.count << " x " << to_string(group.rule) << " ("
+        << human_bytes(group.bytes) << "): " << describe(group.rule) << "\n";
+    for (const ValueDecision* decision : group.examples) {
+      out << "      e.g. " << decision->name << " (" << human_bytes(*decision->bytes) << ")";
+      if (!decision->detail.empty()) out << ": " << decision->detail;
+      out << "\n";
+    }
+    if (group.count > static_cast<std::int64_t>(group.examples.size())) {
+      out << "      ... and " << group.count - static_cast<std::int64_t>(group.examples.size())
+          << " more\n";
+    }
+  }
+  return out.str();
+}
+
+std::string format_plan_json(const Graph& original, const PlanResult& result) {
+  using nlohmann::json;
+  const Plan& plan = result.plan;
+  const NodeIndex index = index_nodes(result.graph);
+  const PhaseCounts phases = count_phases(original);
+
+  json offloads = json::array();
+  for (const Offload& offload : plan.offloads) {
+    const Node* producer = find_node(index, offload.producer);
+    json entry = {
+        {"producer", offload.producer},
+        {"name", node_name(index, offload.producer)},
+        {"bytes", offload.bytes},
+        {"last_forward_use", offload.last_forward_use},
+        {"last_forward_use_name", node_name(index, offload.last_forward_use)},
+        {"first_backward_reader", offload.first_backward_reader},
+        {"first_backward_reader_name", node_name(index, offload.first_backward_reader)},
+        {"offload_node", offload.offload_node},
+        {"forward_wait_node", offload.forward_wait_node},
+        {"reload_node", offload.reload_node},
+        {"backward_wait_node", offload.backward_wait_node},
+        {"prefetched", offload.prefetched},
+    };
+    if (producer && producer->value.is_tensor()) {
+      entry["shape"] = format_shape(producer->value.tensor);
+      entry["dtype"] = producer->value.tensor.dtype;
+    }
+    offloads.push_back(std::move(entry));
+  }
+
+  json decisions = json::array();
+  json skipped_large = json::object();
+  for (const ValueDecision& decision : plan.decisions) {
+    json entry = {{"node", decision.node},
+                  {"name", decision.name},
+                  {"bytes", decision.bytes ? json(*decision.bytes) : json(nullptr)},
+                  {"rule", std::string(to_string(decision.rule))}};
+    if (!decision.detail.empty()) entry["detail"] = decision.detail;
+    decisions.push_back(std::move(entry));
+  }
+  for (const SkipGroup& group : group_large_skips(plan)) {
+    skipped_large[std::string(to_string(group.rule))] = group.count;
+  }
+
+  json out = {
+      {"graph", original.name},
+      {"nodes", original.nodes.size()},
+      {"forward_nodes", phases.forward},
+      {"backward_nodes", phases.backward},
+      {"mode", plan.options.mode == ActivationMode::kNone ? "none" : "scope"},
+      {"scope", plan.options.scope},
+      {"host_budget_bytes", plan.options.host_budget_bytes},
+      {"min_bytes", plan.options.min_bytes},
+      {"prefetch_regions", plan.options.prefetch_regions},
+      {"candidates", plan.candidate_count},
+      {"chosen", plan.offloads.size()},
+      {"bytes_offloaded", plan.bytes_offloaded},
+      {"reloads_prefetched", plan.reloads_prefetched},
+      {"edits", plan.edits.size()},
+      {"rewritten_nodes", result.graph.nodes.size()},
+      {"offloads", std::move(offloads)},
+      {"skipped_large", std::move(skipped_large)},
+      {"decisions", std::move(decisions)},
+  };
+  return out.dump(2);
+}
+
+}  // namespace spillway::cli
