@@ -19,7 +19,12 @@
 //       schema: no keyword the schema does not name, no more positional
 //       arguments than it has non-kwarg-only arguments;
 //   (7) tensor values have element_size > 0, sizes and strides of equal rank
-//       when strides are known, and non-negative concrete sizes.
+//       when strides are known, and non-negative concrete sizes;
+//   (8) everything is representable in the JSON format: enum fields hold a
+//       declared enumerator, a symbolic dim or sym_int argument has a non-empty
+//       symbol, a concrete dim has a value, storage ids are >= 0, time_ms is
+//       finite and >= 0, kwarg names within a node and argument names within
+//       a schema are unique, every string is valid UTF-8.
 //
 // Thread-safety: none of these types synchronises; share a const Graph freely,
 // mutate it from one thread.
@@ -194,6 +199,7 @@ struct Node {
     for (const Arg& a : args) visit_arg(a, fn);
     for (const auto& kv : kwargs) visit_arg(kv.second, fn);
   }
+  friend bool operator==(const Node&, const Node&) = default;
 
  private:
   template <typename Fn>
@@ -215,6 +221,7 @@ struct Graph {
   // The schema recorded for node.target, or nullptr when there is none (a
   // call_method, a plain Python callable such as operator.getitem).
   const OpSchema* schema_of(const Node& node) const;
+  friend bool operator==(const Graph&, const Graph&) = default;
 };
 
 // ---- JSON format (docs/graph-format.md) ----------------------------------------
