@@ -4,9 +4,9 @@
 //
 // A FieldPath is a chain of stack-allocated links to its parent, built while a
 // reader or the verifier walks a node and rendered only when an error is
-// thrown, so walking a valid graph allocates nothing for paths. A FieldPath must
-// not outlive the parent it was made from: pass `path.field("x")` and
-// `path.index(i)` as function arguments, never store them past the call.
+// thrown, so walking a valid graph allocates nothing for paths. A FieldPath
+// must not outlive the parent it was made from; field() and index() refuse to
+// link to a temporary, so `p.index(0).field("x")` does not compile.
 
 #include <cstddef>
 #include <string>
@@ -25,9 +25,13 @@ class FieldPath {
  public:
   // The root path: the node (or op, or graph) itself, rendered as "".
   FieldPath() = default;
+  // A field of the root: "metadata".
+  explicit FieldPath(std::string_view top_field) : name_(top_field) {}
 
-  FieldPath field(std::string_view name) const { return FieldPath(this, name, kNoIndex); }
-  FieldPath index(std::size_t i) const { return FieldPath(this, {}, i); }
+  FieldPath field(std::string_view name) const& { return FieldPath(link(), name, kNoIndex); }
+  FieldPath index(std::size_t i) const& { return FieldPath(link(), {}, i); }
+  FieldPath field(std::string_view name) const&& = delete;
+  FieldPath index(std::size_t i) const&& = delete;
 
   // "args[0]", "value.sizes[1].sym", "" for the root.
   std::string str() const;
@@ -37,6 +41,9 @@ class FieldPath {
   FieldPath(const FieldPath* parent, std::string_view name, std::size_t index)
       : parent_(parent), name_(name), index_(index) {}
   void append_to(std::string& out) const;
+  const FieldPath* link() const {
+    return parent_ == nullptr && name_.empty() && index_ == kNoIndex ? nullptr : this;
+  }
 
   const FieldPath* parent_ = nullptr;
   std::string_view name_;

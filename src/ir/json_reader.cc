@@ -212,14 +212,14 @@ class Reader {
   // ---- top-level sections --------------------------------------------------
 
   void read_metadata(const Json& j, std::map<std::string, std::string>& out) {
-    FieldPath path = FieldPath().field("metadata");
+    FieldPath path = FieldPath("metadata");
     for (const auto& [key, value] : object_of(j, path).items()) {
       out.emplace(key, string_of(value, path.field(key)));
     }
   }
 
   void read_ops(const Json& j, std::map<std::string, OpSchema>& out) {
-    for (const auto& [target, value] : object_of(j, FieldPath().field("ops")).items()) {
+    for (const auto& [target, value] : object_of(j, FieldPath("ops")).items()) {
       where_ = "op " + in_quotes(target);
       out.emplace(target, read_schema(value));
     }
@@ -274,7 +274,7 @@ class Reader {
   }
 
   void read_nodes(const Json& j, std::vector<Node>& out) {
-    const Json& list = array_of(j, FieldPath().field("nodes"));
+    const Json& list = array_of(j, FieldPath("nodes"));
     out.reserve(list.size());
     for (std::size_t i = 0; i < list.size(); ++i) out.push_back(read_node(list[i], i));
     where_.clear();
@@ -291,8 +291,8 @@ class Reader {
                  !(id->is_number_unsigned() &&
                    id->get<std::uint64_t>() >
                        static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
-    std::string_view name_text =
-        name != j.end() && name->is_string() ? name->get_ref<const std::string&>() : "";
+    std::string_view name_text;
+    if (name != j.end() && name->is_string()) name_text = name->get_ref<const std::string&>();
     if (id_ok) {
       where_ = ir::node_label(id->get<std::int64_t>(), name_text);
     } else {
@@ -303,7 +303,8 @@ class Reader {
 
   Node read_node(const Json& j, std::size_t index) {
     where_.clear();
-    if (!j.is_object()) type_error(j, FieldPath().field("nodes").index(index), "an object");
+    FieldPath nodes("nodes");
+    if (!j.is_object()) type_error(j, nodes.index(index), "an object");
     label_node(j, index);
     FieldPath root;
     Node node;
@@ -571,8 +572,9 @@ Graph parse_graph(std::string_view json_text) {
   Json root;
   try {
     root = Json::parse(json_text.begin(), json_text.end(), DuplicateKeyCheck());
-  } catch (const Json::parse_error& e) {
-    // e.what() reads "[json.exception.parse_error.101] parse error at line 1, ...".
+  } catch (const Json::exception& e) {
+    // A parse_error, or out_of_range.406 for a number like 1e400. e.what()
+    // reads "[json.exception.parse_error.101] parse error at line 1, ...".
     std::string what = e.what();
     std::size_t text = what.find("] ");
     throw InvalidGraph("graph", "not valid JSON: " +

@@ -28,9 +28,9 @@ class Verifier {
   explicit Verifier(const Graph& graph) : graph_(graph) {}
 
   void run() {
-    check_text(graph_.name, "", FieldPath().field("name"));
+    check_text(graph_.name, "", FieldPath("name"));
     for (const auto& [key, value] : graph_.metadata) {
-      FieldPath metadata = FieldPath().field("metadata");
+      FieldPath metadata = FieldPath("metadata");
       check_text(key, "", metadata);
       check_text(value, "", metadata.field(key));
     }
@@ -48,11 +48,12 @@ class Verifier {
   void check_schema(const std::string& target, const OpSchema& schema) {
     if (!ir::is_valid_utf8(target)) ir::fail_whole("", "an op target is not valid UTF-8");
     const std::string where = "op " + in_quotes(target);
-    check_text(schema.ns, where, FieldPath().field("namespace"));
-    if (schema.ns.empty()) ir::fail_at(where, FieldPath().field("namespace"), " is empty");
-    FieldPath arguments = FieldPath().field("arguments");
+    check_text(schema.ns, where, FieldPath("namespace"));
+    if (schema.ns.empty()) ir::fail_at(where, FieldPath("namespace"), " is empty");
+    FieldPath arguments = FieldPath("arguments");
     for (std::size_t a = 0; a < schema.arguments.size(); ++a) {
-      FieldPath name = arguments.index(a).field("name");
+      FieldPath argument = arguments.index(a);
+      FieldPath name = argument.field("name");
       const std::string& arg_name = schema.arguments[a].name;
       check_text(arg_name, where, name);
       if (arg_name.empty()) ir::fail_at(where, name, " is empty");
@@ -75,22 +76,22 @@ class Verifier {
       const Node& node = graph_.nodes[i];
       const std::string where = ir::node_label(node.id, node.name);
       if (node.id < 0) {
-        ir::fail_at(where, FieldPath().field("id"),
+        ir::fail_at(where, FieldPath("id"),
                     ": must be non-negative, got " + std::to_string(node.id));
       }
       auto [id_it, id_new] = position_.emplace(node.id, i);
       if (!id_new) {
         const Node& first = graph_.nodes[id_it->second];
-        ir::fail_at(where, FieldPath().field("id"),
+        ir::fail_at(where, FieldPath("id"),
                     ": duplicate id " + std::to_string(node.id) + ", also used by nodes[" +
                         std::to_string(id_it->second) + "] (" + first.name + ")");
       }
-      check_text(node.name, where, FieldPath().field("name"));
-      if (node.name.empty()) ir::fail_at(where, FieldPath().field("name"), " is empty");
+      check_text(node.name, where, FieldPath("name"));
+      if (node.name.empty()) ir::fail_at(where, FieldPath("name"), " is empty");
       auto [name_it, name_new] = by_name.emplace(node.name, i);
       if (!name_new) {
         const Node& first = graph_.nodes[name_it->second];
-        ir::fail_at(where, FieldPath().field("name"),
+        ir::fail_at(where, FieldPath("name"),
                     ": duplicate name " + in_quotes(node.name) + ", also used by " +
                         ir::node_label(first.id, first.name));
       }
@@ -117,8 +118,9 @@ class Verifier {
                                 std::to_string(graph_.nodes.size() - position - 1) +
                                 " node(s) follow it");
     }
+    FieldPath args = root.field("args");
     for (std::size_t a = 0; a < node.args.size(); ++a) {
-      check_arg(node, position, where, node.args[a], root.field("args").index(a), 0);
+      check_arg(node, position, where, node.args[a], args.index(a), 0);
     }
     FieldPath kwargs = root.field("kwargs");
     for (std::size_t k = 0; k < node.kwargs.size(); ++k) {
@@ -132,8 +134,9 @@ class Verifier {
       check_arg(node, position, where, arg, kwargs.field(key), 0);
     }
     check_schema_use(node, where);
+    FieldPath module_stack = root.field("module_stack");
     for (std::size_t m = 0; m < node.module_stack.size(); ++m) {
-      check_text(node.module_stack[m], where, root.field("module_stack").index(m));
+      check_text(node.module_stack[m], where, module_stack.index(m));
     }
     check_value(node.value, where, root.field("value"), 0);
     if (node.time_ms && !(std::isfinite(*node.time_ms) && *node.time_ms >= 0)) {
@@ -203,7 +206,7 @@ class Verifier {
       if (!argument.kwarg_only) ++positional;
     }
     if (node.args.size() > positional) {
-      ir::fail_at(where, FieldPath().field("args"),
+      ir::fail_at(where, FieldPath("args"),
                   ": " + std::to_string(node.args.size()) + " positional arguments, but the " +
                       "schema of " + in_quotes(node.target) + " takes at most " +
                       std::to_string(positional));
@@ -217,7 +220,8 @@ class Verifier {
         }
       }
       if (!named) {
-        ir::fail_at(where, FieldPath().field("kwargs").field(key),
+        FieldPath kwargs("kwargs");
+        ir::fail_at(where, kwargs.field(key),
                     ": the schema of " + in_quotes(node.target) + " has no argument " + in_quotes(key));
       }
     }
@@ -252,16 +256,18 @@ class Verifier {
           ir::fail_at(where, path.field("element_size"),
                       ": must be > 0, got " + std::to_string(t.element_size));
         }
+        FieldPath sizes = path.field("sizes");
         for (std::size_t d = 0; d < t.sizes.size(); ++d) {
-          check_dim(t.sizes[d], true, where, path.field("sizes").index(d));
+          check_dim(t.sizes[d], true, where, sizes.index(d));
         }
         if (!t.strides.empty() && t.strides.size() != t.sizes.size()) {
           ir::fail_at(where, path.field("strides"),
                       ": has " + std::to_string(t.strides.size()) + " entries for a tensor of rank " +
                           std::to_string(t.sizes.size()));
         }
+        FieldPath strides = path.field("strides");
         for (std::size_t d = 0; d < t.strides.size(); ++d) {
-          check_dim(t.strides[d], false, where, path.field("strides").index(d));
+          check_dim(t.strides[d], false, where, strides.index(d));
         }
         if (t.storage && *t.storage < 0) {
           ir::fail_at(where, path.field("storage"),
@@ -269,15 +275,17 @@ class Verifier {
         }
         return;
       }
-      case ValueKind::kSequence:
+      case ValueKind::kSequence: {
         if (depth >= ir::kMaxNesting) {
           ir::fail_at(where, path,
                       ": sequences nest deeper than " + std::to_string(ir::kMaxNesting));
         }
+        FieldPath elements = path.field("elements");
         for (std::size_t i = 0; i < value.elements.size(); ++i) {
-          check_value(value.elements[i], where, path.field("elements").index(i), depth + 1);
+          check_value(value.elements[i], where, elements.index(i), depth + 1);
         }
         return;
+      }
       case ValueKind::kSymInt:
         check_dim(value.scalar, false, where, path.field("value"));
         return;
