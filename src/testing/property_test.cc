@@ -1,0 +1,121 @@
+// Property test of the activation planner over thousands of random joint
+// graphs (see random_graph.h for what they contain). Every plan must satisfy
+// the independent checks of offload_oracle.h.
+//
+// Reproduce a failure with the seed it prints:
+//   SPILLWAY_PROPERTY_SEED=<seed> SPILLWAY_PROPERTY_GRAPHS=1 ./property_tests
+// The failing graph is also written to $TMPDIR/spillway_property_<seed>.json.
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "spillway/error.h"
+#include "spillway/graph.h"
+#include "spillway/plan.h"
+#include "testing/offload_oracle.h"
+#include "testing/random_graph.h"
+
+namespace spillway::testing {
+namespace {
+
+std::uint64_t env_or(const char* name, std::uint64_t fallback) {
+  const char* text = std::getenv(name);
+  return text && *text ? std::strtoull(text, nullptr, 10) : fallback;
+}
+
+constexpr std::uint64_t kDefaultGraphs = 2500;
+constexpr std::uint64_t kDefaultSeed = 20261129;
+
+TEST(RandomGraphGenerator, IsReproducibleAndValid) {
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    const Graph graph = make_random_joint_graph(seed);
+    ASSERT_NO_THROW(verify_graph(graph)) << "seed " << seed;
+    EXPECT_EQ(write_graph(graph), write_graph(make_random_joint_graph(seed))) << "seed " << seed;
+  }
+  EXPECT_NE(write_graph(make_random_joint_graph(1)), write_graph(make_random_joint_graph(2)));
+}
+
+TEST(RandomGraphGenerator, RoundTripsThroughJson) {
+  for (std::uint64_t seed = 100; seed < 150; ++seed) {
+    const Graph graph = make_random_joint_graph(seed);
+    const std::string text = write_graph(graph);
+    EXPECT_EQ(write_graph(parse_graph(text)), text) << "seed " << seed;
+  }
+}
+
+TEST(PlannerProperties, HoldOnRandomJointGraphs) {
+  const std::uint64_t count = env_or("SPILLWAY_PROPERTY_GRAPHS", kDefaultGraphs);
+  const std::uint64_t first_seed = env_or("SPILLWAY_PROPERTY_SEED", kDefaultSeed);
+  std::map<Rule, std::int64_t> rule_counts;
+  std::int64_t graphs_with_offloads = 0;
+  std::int64_t total_offloads = 0;
+  std::int64_t total_prefetched = 0;
+  std::int64_t nodes = 0;
+  const auto start = std::chrono::steady_clock::now();
+
+  for (std::uint64_t seed = first_seed; seed < first_seed + count; ++seed) {
+    const Graph graph = make_random_joint_graph(seed);
+    const ActivationPlanOptions options = make_random_plan_options(seed);
+    nodes += static_cast<std::int64_t>(graph.nodes.size());
+    std::vector<std::string> problems;
+    try {
+      const PlanResult result = plan_activation_offload(graph, options);
+      problems = check_offload_plan(graph, options, result);
+      for (const ValueDecision& decision : result.plan.decisions) {
+        ++rule_counts[decision.rule];
+      }
+      total_offloads += static_cast<std::int64_t>(result.plan.offloads.size());
+      total_prefetched += result.plan.reloads_prefetched;
+      graphs_with_offloads += !result.plan.offloads.empty();
+      // Planning is a pure function of its inputs.
+      if (seed % 16 == 0 &&
+          write_graph(plan_activation_offload(graph, options).graph) != write_graph(result.graph)) {
+        problems.push_back("planning the same graph twice gave different graphs");
+      }
+    } catch (const std::exception& e) {
+      problems.push_back(std::string("plan_activation_offload threw: ") + e.what());
+    }
+    if (!problems.empty()) {
+      const std::string dump = (std::filesystem::temp_directory_path() /
+                                ("spillway_property_" + std::to_string(seed) + ".json"))
+                                   .string();
+      try {
+        save_graph(graph, dump);
+      } catch (const std::exception&) {
+      }
+      std::string report;
+      for (const std::string& problem : problems) report += "\n  " + problem;
+      FAIL() << "seed " << seed << " (" << describe_options(options) << "), graph of "
+             << graph.nodes.size() << " nodes written to " << dump << ":" << report
+             << "\nreproduce: SPILLWAY_PROPERTY_SEED=" << seed
+             << " SPILLWAY_PROPERTY_GRAPHS=1 property_tests";
+    }
+  }
+
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string histogram;
+  for (const auto& [rule, n] : rule_counts) {
+    histogram += " " + std::string(to_string(rule)) + "=" + std::to_string(n);
+  }
+  std::printf("%llu graphs (%lld nodes) in %.2f s; %lld offloads in %lld graphs, %lld prefetched\n"
+              "decisions:%s\n",
+              static_cast<unsigned long long>(count), static_cast<long long>(nodes), seconds,
+              static_cast<long long>(total_offloads), static_cast<long long>(graphs_with_offloads),
+              static_cast<long long>(total_prefetched), histogram.c_str());
+  // The generator must give the planner real work, not only graphs it rejects.
+  if (count >= 500) {
+    EXPECT_GT(graphs_with_offloads, static_cast<std::int64_t>(count) / 5);
+    EXPECT_GT(total_prefetched, 0);
+    EXPECT_GT(rule_counts[Rule::kStorageWrittenInPlace], 0) << histogram;
+    EXPECT_GT(rule_counts[Rule::kView], 0) << histogram;
+  }
+}
+
+}  // namespace
+}  // namespace spillway::testing
