@@ -1,0 +1,41 @@
+#pragma once
+// Scope regions of the backward half, located by graph position.
+//
+// A region starts at the first backward call_function (offload ops excluded)
+// whose root differs from the root of the region before it; nodes outside any
+// root neither start nor end a region (the reference pass updates the
+// previous root only when it opens a region, whatever its comment says). A
+// module reused by several blocks therefore opens one region per occurrence,
+// and region_of() maps a position to the occurrence it belongs to.
+//
+// Thread-safety: pure values and functions.
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "analysis/scope.h"
+#include "spillway/graph.h"
+
+namespace spillway::analysis {
+
+struct Regions {
+  // Position (in the sequence given to find_regions) of each region's first
+  // node, increasing.
+  std::vector<std::size_t> anchors;
+  // For each root, the indices into `anchors` of its regions, increasing.
+  std::unordered_map<std::string, std::vector<std::size_t>> by_root;
+};
+
+// Regions of `nodes`, a graph's nodes in order (not owned; read only here).
+Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& scope);
+
+// The region (index into regions.anchors) that a node of `root` at `position`
+// belongs to: the latest region of `root` starting at or before `position`,
+// or the first region of `root` when none does. nullopt when `root` has none.
+std::optional<std::size_t> region_of(const Regions& regions, const std::string& root,
+                                     std::size_t position);
+
+}  // namespace spillway::analysis
