@@ -1,0 +1,114 @@
+#pragma once
+// The copy engine: one device-to-host and one host-to-device stream, so both
+// directions run at once, each fed by a dispatcher thread.
+//
+// Invariants:
+//   1. A transfer is split into chunks of at most chunk_bytes. Between two
+//      chunks the dispatcher picks the most urgent pending transfer (highest
+//      priority, then oldest), so a later urgent transfer waits for at most
+//      the chunks already enqueued, not for a whole large transfer.
+//   2. At most max_inflight_bytes are enqueued on a stream and not complete;
+//      the dispatcher blocks on the oldest chunk's event (never holding mu_)
+//      before enqueuing more. This bounds how long an urgent transfer waits.
+//   3. Before a transfer's first chunk, its stream waits for each `after`
+//      event; after its last chunk, `done` is recorded, and `enqueued` is set.
+//      `done` is recorded once and never re-recorded, so anyone may wait on it.
+//   4. A failure to enqueue marks the transfer failed; its remaining chunks
+//      are skipped and every later wait on it throws TransferError.
+//
+// Thread-safety: all methods may be called from any thread.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/backend/backend.h"
+#include "runtime/thread_annotations.h"
+#include "spillway/error.h"
+#include "spillway/runtime.h"
+
+namespace spillway::runtime {
+
+class CopyEngine;
+
+// One requested copy. Created by CopyEngine::submit; shared by its users.
+class Transfer {
+ public:
+  CopyKind kind() const { return kind_; }
+  std::size_t bytes() const { return bytes_; }
+  // Recorded after the last chunk once wait_enqueued() returned.
+  const std::shared_ptr<Event>& done() const { return done_; }
+
+ private:
+  friend class CopyEngine;
+  CopyKind kind_ = CopyKind::kDeviceToHost;
+  char* dst_ = nullptr;
+  const char* src_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::uint64_t seq_ = 0;
+  std::vector<std::shared_ptr<Event>> after_;
+  std::shared_ptr<Event> done_;
+  // Guarded by the engine's mu_.
+  int priority_ = 0;
+  std::size_t next_offset_ = 0;
+  bool enqueued_ = false;
+  std::exception_ptr error_;
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+class CopyEngine {
+ public:
+  // `backend` must outlive the engine. Throws InvalidArgument for bad options.
+  CopyEngine(Backend& backend, const CopyEngineOptions& options);
+  // Enqueues what is pending, waits for both streams, stops the dispatchers.
+  // Never throws.
+  ~CopyEngine();
+  CopyEngine(const CopyEngine&) = delete;
+  CopyEngine& operator=(const CopyEngine&) = delete;
+
+  // Queues a copy of `bytes` from `src` to `dst`; it starts on the stream of
+  // `kind` after every event in `after` (each already recorded). Higher
+  // `priority` goes first. Never blocks on the device.
+  TransferPtr submit(CopyKind kind, void* dst, const void* src, std::size_t bytes, int priority,
+                     std::vector<std::shared_ptr<Event>> after);
+
+  // Makes `transfer` the most urgent and blocks until all its chunks are
+  // enqueued. Throws TransferError if enqueuing failed.
+  void wait_enqueued(const TransferPtr& transfer);
+  // Makes `stream` wait for `transfer` (wait_enqueued first). Throws
+  // TransferError for a failure known now.
+  void make_wait(Stream& stream, const TransferPtr& transfer);
+  // True when `transfer` has completed; throws TransferError if it failed.
+  // Does not block on the device.
+  bool poll(const TransferPtr& transfer);
+  // Blocks until `transfer` completed; throws TransferError if it failed.
+  void synchronize(const TransferPtr& transfer);
+  // Blocks until every transfer submitted so far has completed. Never
+  // reports copy failures (waits do).
+  void drain();
+
+  Stream& stream(CopyKind kind);
+  CopyEngineStats stats() const;
+
+ private:
+  struct Lane;
+  void dispatch(Lane& lane);
+  TransferError failure(const Transfer& t, const std::exception_ptr& e) const;
+
+  Backend& backend_;
+  const CopyEngineOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  CopyEngineStats stats_ GUARDED_BY(mu_);
+  std::unique_ptr<Lane> lanes_[2];
+};
+
+}  // namespace spillway::runtime
