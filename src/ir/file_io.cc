@@ -91,9 +91,19 @@ std::string decompress(const std::string& compressed, const std::string& path) {
   return out;
 }
 
+struct CctxFree {
+  void operator()(ZSTD_CCtx* ctx) const { ZSTD_freeCCtx(ctx); }
+};
+
+// One frame with its content size and a checksum, so a damaged file is
+// reported as such rather than parsed as different JSON.
 std::string compress(const std::string& data, const std::string& path) {
+  std::unique_ptr<ZSTD_CCtx, CctxFree> ctx(ZSTD_createCCtx());
+  if (!ctx) throw OutOfMemory("graph", "cannot allocate a zstd context for '" + path + "'");
+  ZSTD_CCtx_setParameter(ctx.get(), ZSTD_c_compressionLevel, 3);
+  ZSTD_CCtx_setParameter(ctx.get(), ZSTD_c_checksumFlag, 1);
   std::string out(ZSTD_compressBound(data.size()), '\0');
-  std::size_t n = ZSTD_compress(out.data(), out.size(), data.data(), data.size(), 3);
+  std::size_t n = ZSTD_compress2(ctx.get(), out.data(), out.size(), data.data(), data.size());
   if (ZSTD_isError(n)) {
     throw Error("graph", "cannot compress '" + path + "': " + ZSTD_getErrorName(n));
   }
