@@ -9,16 +9,14 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "ir/field_path.h"
+#include "ir/json_dom.h"
 #include "spillway/graph.h"
 
 namespace spillway {
 namespace {
 
-// ordered_json keeps object members in document order, which kwargs need.
-using Json = nlohmann::ordered_json;
+using ir::Json;
 using ir::FieldPath;
 
 constexpr std::string_view kFormatName = "spillway.graph";
@@ -47,73 +45,9 @@ std::string describe(const Json& j) {
 
 std::string in_quotes(std::string_view text) { return "'" + std::string(text) + "'"; }
 
-// Rejects duplicate keys in any JSON object while nlohmann parses (its DOM
-// would silently keep the last one), naming the object by its JSON path.
-class DuplicateKeyCheck {
- public:
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        count_element();
-        frames_.push_back({event == Json::parse_event_t::array_start, 0, keys_.size()});
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        keys_.resize(frames_.back().first_key);
-        frames_.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        for (std::size_t k = frames_.back().first_key; k < keys_.size(); ++k) {
-          if (keys_[k] == key) {
-            std::string at = path();
-            throw InvalidGraph("graph", (at.empty() ? "the top-level object" : "field '" + at + "'") +
-                                            " has the key " + in_quotes(key) + " twice");
-          }
-        }
-        keys_.push_back(key);
-        break;
-      }
-      case Json::parse_event_t::value:
-        count_element();
-        break;
-    }
-    return true;
-  }
-
- private:
-  struct Frame {
-    bool is_array;
-    std::size_t elements;   // arrays: elements seen so far
-    std::size_t first_key;  // objects: this object's keys start here in keys_
-  };
-
-  void count_element() {
-    if (!frames_.empty() && frames_.back().is_array) ++frames_.back().elements;
-  }
-
-  // "nodes[12].kwargs": how the innermost open object is reached from the root.
-  std::string path() const {
-    std::string out;
-    for (std::size_t f = 0; f + 1 < frames_.size(); ++f) {
-      if (frames_[f].is_array) {
-        out += "[" + std::to_string(frames_[f].elements - 1) + "]";
-      } else {
-        if (!out.empty()) out += '.';
-        out += keys_[frames_[f + 1].first_key - 1];  // the key the child hangs under
-      }
-    }
-    return out;
-  }
-
-  std::vector<Frame> frames_;
-  std::vector<std::string> keys_;
-};
-
 class Reader {
  public:
-  Graph read(const Json& root) {
+  Graph read(Json& root) {
     if (!root.is_object()) {
       ir::fail_whole("", "expected a JSON object at the top level, got " + describe(root));
     }
@@ -137,11 +71,11 @@ class Reader {
                       std::to_string(version_number));
     }
     bool has_nodes = false;
-    for (const auto& [key, value] : root.items()) {
+    for (auto& [key, value] : root.items()) {
       if (key == "format" || key == "version") {
         continue;
       } else if (key == "name") {
-        graph.name = string_of(value, top.field("name"));
+        graph.name = std::move(string_of(value, top.field("name")));
       } else if (key == "metadata") {
         read_metadata(value, graph.metadata);
       } else if (key == "ops") {
@@ -164,19 +98,20 @@ class Reader {
     ir::fail_at(where_, path, ": expected " + std::string(expected) + ", got " + describe(j));
   }
 
-  const std::string& string_of(const Json& j, const FieldPath& path) {
+  // The string at j; callers that keep it move it out of the DOM.
+  std::string& string_of(Json& j, const FieldPath& path) {
     if (!j.is_string()) type_error(j, path, "a string");
-    return j.get_ref<const std::string&>();
+    return j.get_ref<std::string&>();
   }
 
-  bool bool_of(const Json& j, const FieldPath& path) {
+  bool bool_of(Json& j, const FieldPath& path) {
     if (!j.is_boolean()) type_error(j, path, "a boolean");
     return j.get<bool>();
   }
 
   // JSON integers outside int64 arrive as uint64 (up to 2^64-1) or as floats;
   // both are rejected rather than wrapped.
-  std::int64_t int_of(const Json& j, const FieldPath& path) {
+  std::int64_t int_of(Json& j, const FieldPath& path) {
     if (j.is_number_unsigned()) {
       auto value = j.get<std::uint64_t>();
       if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
@@ -188,17 +123,17 @@ class Reader {
     type_error(j, path, "an integer");
   }
 
-  double number_of(const Json& j, const FieldPath& path) {
+  double number_of(Json& j, const FieldPath& path) {
     if (!j.is_number()) type_error(j, path, "a number");
     return j.get<double>();
   }
 
-  const Json& object_of(const Json& j, const FieldPath& path) {
+  Json& object_of(Json& j, const FieldPath& path) {
     if (!j.is_object()) type_error(j, path, "an object");
     return j;
   }
 
-  const Json& array_of(const Json& j, const FieldPath& path) {
+  Json& array_of(Json& j, const FieldPath& path) {
     if (!j.is_array()) type_error(j, path, "an array");
     return j;
   }
@@ -211,37 +146,37 @@ class Reader {
 
   // ---- top-level sections --------------------------------------------------
 
-  void read_metadata(const Json& j, std::map<std::string, std::string>& out) {
+  void read_metadata(Json& j, std::map<std::string, std::string>& out) {
     FieldPath path = FieldPath("metadata");
-    for (const auto& [key, value] : object_of(j, path).items()) {
-      out.emplace(key, string_of(value, path.field(key)));
+    for (auto& [key, value] : object_of(j, path).items()) {
+      out.emplace(key, std::move(string_of(value, path.field(key))));
     }
   }
 
-  void read_ops(const Json& j, std::map<std::string, OpSchema>& out) {
-    for (const auto& [target, value] : object_of(j, FieldPath("ops")).items()) {
+  void read_ops(Json& j, std::map<std::string, OpSchema>& out) {
+    for (auto& [target, value] : object_of(j, FieldPath("ops")).items()) {
       where_ = "op " + in_quotes(target);
       out.emplace(target, read_schema(value));
     }
     where_.clear();
   }
 
-  OpSchema read_schema(const Json& j) {
+  OpSchema read_schema(Json& j) {
     FieldPath root;
     if (!j.is_object()) type_error(j, root, "an object");
     OpSchema schema;
     bool has_namespace = false;
-    for (const auto& [key, value] : j.items()) {
+    for (auto& [key, value] : j.items()) {
       if (key == "namespace") {
         has_namespace = true;
-        schema.ns = string_of(value, root.field(key));
+        schema.ns = std::move(string_of(value, root.field(key)));
       } else if (key == "mutable") {
         schema.is_mutable = bool_of(value, root.field(key));
       } else if (key == "view") {
         schema.is_view = bool_of(value, root.field(key));
       } else if (key == "arguments") {
         FieldPath arguments = root.field(key);
-        const Json& list = array_of(value, arguments);
+        Json& list = array_of(value, arguments);
         schema.arguments.reserve(list.size());
         for (std::size_t i = 0; i < list.size(); ++i) {
           schema.arguments.push_back(read_op_argument(list[i], arguments.index(i)));
@@ -254,13 +189,13 @@ class Reader {
     return schema;
   }
 
-  OpArgument read_op_argument(const Json& j, const FieldPath& path) {
+  OpArgument read_op_argument(Json& j, const FieldPath& path) {
     OpArgument argument;
     bool has_name = false;
-    for (const auto& [key, value] : object_of(j, path).items()) {
+    for (auto& [key, value] : object_of(j, path).items()) {
       if (key == "name") {
         has_name = true;
-        argument.name = string_of(value, path.field(key));
+        argument.name = std::move(string_of(value, path.field(key)));
       } else if (key == "kwarg_only") {
         argument.kwarg_only = bool_of(value, path.field(key));
       } else if (key == "write") {
@@ -273,8 +208,8 @@ class Reader {
     return argument;
   }
 
-  void read_nodes(const Json& j, std::vector<Node>& out) {
-    const Json& list = array_of(j, FieldPath("nodes"));
+  void read_nodes(Json& j, std::vector<Node>& out) {
+    Json& list = array_of(j, FieldPath("nodes"));
     out.reserve(list.size());
     for (std::size_t i = 0; i < list.size(); ++i) out.push_back(read_node(list[i], i));
     where_.clear();
@@ -284,7 +219,7 @@ class Reader {
 
   // "node 12 (mm_3)" once id and name are known to be well-typed, else
   // "nodes[3]": every later error about this node starts with it.
-  void label_node(const Json& j, std::size_t index) {
+  void label_node(Json& j, std::size_t index) {
     auto id = j.find("id");
     auto name = j.find("name");
     bool id_ok = id != j.end() && id->is_number_integer() &&
@@ -301,7 +236,7 @@ class Reader {
     }
   }
 
-  Node read_node(const Json& j, std::size_t index) {
+  Node read_node(Json& j, std::size_t index) {
     where_.clear();
     FieldPath nodes("nodes");
     if (!j.is_object()) type_error(j, nodes.index(index), "an object");
@@ -309,14 +244,14 @@ class Reader {
     FieldPath root;
     Node node;
     bool has_id = false, has_name = false, has_kind = false, has_target = false;
-    for (const auto& [key, value] : j.items()) {
+    for (auto& [key, value] : j.items()) {
       FieldPath path = root.field(key);
       if (key == "id") {
         has_id = true;
         node.id = int_of(value, path);
       } else if (key == "name") {
         has_name = true;
-        node.name = string_of(value, path);
+        node.name = std::move(string_of(value, path));
       } else if (key == "kind") {
         has_kind = true;
         const std::string& text = string_of(value, path);
@@ -325,15 +260,15 @@ class Reader {
         node.kind = *kind;
       } else if (key == "target") {
         has_target = true;
-        node.target = string_of(value, path);
+        node.target = std::move(string_of(value, path));
       } else if (key == "args") {
-        const Json& list = array_of(value, path);
+        Json& list = array_of(value, path);
         node.args.reserve(list.size());
         for (std::size_t i = 0; i < list.size(); ++i) {
           node.args.push_back(read_arg(list[i], path.index(i), 0));
         }
       } else if (key == "kwargs") {
-        for (const auto& [name, arg] : object_of(value, path).items()) {
+        for (auto& [name, arg] : object_of(value, path).items()) {
           node.kwargs.emplace_back(name, read_arg(arg, path.field(name), 0));
         }
       } else if (key == "phase") {
@@ -342,10 +277,10 @@ class Reader {
         if (!phase) ir::fail_at(where_, path, ": unknown phase " + in_quotes(text));
         node.phase = *phase;
       } else if (key == "module_stack") {
-        const Json& list = array_of(value, path);
+        Json& list = array_of(value, path);
         node.module_stack.reserve(list.size());
         for (std::size_t i = 0; i < list.size(); ++i) {
-          node.module_stack.push_back(string_of(list[i], path.index(i)));
+          node.module_stack.push_back(std::move(string_of(list[i], path.index(i))));
         }
       } else if (key == "value") {
         node.value = read_value(value, path, 0);
@@ -368,7 +303,7 @@ class Reader {
     }
   }
 
-  Arg read_arg(const Json& j, const FieldPath& path, int depth) {
+  Arg read_arg(Json& j, const FieldPath& path, int depth) {
     Arg arg;
     switch (j.type()) {
       case Json::value_t::null:
@@ -388,7 +323,7 @@ class Reader {
         return arg;
       case Json::value_t::string:
         arg.kind = Arg::Kind::kString;
-        arg.s = j.get<std::string>();
+        arg.s = std::move(j.get_ref<std::string&>());
         return arg;
       case Json::value_t::array:
         check_depth(path, depth);
@@ -407,7 +342,7 @@ class Reader {
 
   // {"node": 7}, {"sym": "s0", "hint": 4096}, {"other": "torch.bfloat16"},
   // {"float": "inf"}: exactly one form, with exactly its own keys.
-  Arg read_tagged_arg(const Json& j, const FieldPath& path) {
+  Arg read_tagged_arg(Json& j, const FieldPath& path) {
     Arg arg;
     if (auto it = j.find("node"); it != j.end()) {
       only_keys(j, path, {"node"}, "a node reference");
@@ -419,7 +354,7 @@ class Reader {
     } else if (auto it = j.find("other"); it != j.end()) {
       only_keys(j, path, {"other"}, "an opaque argument");
       arg.kind = Arg::Kind::kOther;
-      arg.s = string_of(*it, path.field("other"));
+      arg.s = std::move(string_of(*it, path.field("other")));
     } else if (auto it = j.find("float"); it != j.end()) {
       only_keys(j, path, {"float"}, "a non-finite float");
       const std::string& text = string_of(*it, path.field("float"));
@@ -441,9 +376,9 @@ class Reader {
     return arg;
   }
 
-  void only_keys(const Json& j, const FieldPath& path, std::initializer_list<std::string_view> keys,
+  void only_keys(Json& j, const FieldPath& path, std::initializer_list<std::string_view> keys,
                  std::string_view owner) {
-    for (const auto& [key, value] : j.items()) {
+    for (auto& [key, value] : j.items()) {
       bool known = false;
       for (std::string_view allowed : keys) known = known || key == allowed;
       if (!known) unknown_field(path.field(key), owner);
@@ -451,14 +386,14 @@ class Reader {
   }
 
   // {"sym": "s0", "hint": 4096} or {"sym": "u0", "hint": null}.
-  SymSize read_symbol(const Json& j, const FieldPath& path) {
+  SymSize read_symbol(Json& j, const FieldPath& path) {
     only_keys(j, path, {"sym", "hint"}, "a symbolic integer");
     auto sym = j.find("sym");
     auto hint = j.find("hint");
     if (sym == j.end()) missing(path.field("sym"));
     if (hint == j.end()) missing(path.field("hint"));
     SymSize size;
-    size.symbol = string_of(*sym, path.field("sym"));
+    size.symbol = std::move(string_of(*sym, path.field("sym")));
     if (size.symbol.empty()) {
       ir::fail_at(where_, path.field("sym"), ": is empty (a concrete size is a plain integer)");
     }
@@ -466,14 +401,14 @@ class Reader {
     return size;
   }
 
-  SymSize read_dim(const Json& j, const FieldPath& path) {
+  SymSize read_dim(Json& j, const FieldPath& path) {
     if (j.is_object()) return read_symbol(j, path);
     if (!j.is_number_integer()) type_error(j, path, "an integer or a {\"sym\", \"hint\"} object");
     return SymSize::concrete(int_of(j, path));
   }
 
-  std::vector<SymSize> read_dims(const Json& j, const FieldPath& path) {
-    const Json& list = array_of(j, path);
+  std::vector<SymSize> read_dims(Json& j, const FieldPath& path) {
+    Json& list = array_of(j, path);
     std::vector<SymSize> dims;
     dims.reserve(list.size());
     for (std::size_t i = 0; i < list.size(); ++i) dims.push_back(read_dim(list[i], path.index(i)));
@@ -482,8 +417,8 @@ class Reader {
 
   // ---- values --------------------------------------------------------------
 
-  Value read_value(const Json& j, const FieldPath& path, int depth) {
-    const Json& object = object_of(j, path);
+  Value read_value(Json& j, const FieldPath& path, int depth) {
+    Json& object = object_of(j, path);
     auto type_it = object.find("type");
     if (type_it == object.end()) missing(path.field("type"));
     const std::string& type = string_of(*type_it, path.field("type"));
@@ -500,7 +435,7 @@ class Reader {
       auto elements = object.find("elements");
       if (elements == object.end()) missing(path.field("elements"));
       FieldPath elements_path = path.field("elements");
-      const Json& list = array_of(*elements, elements_path);
+      Json& list = array_of(*elements, elements_path);
       value.elements.reserve(list.size());
       for (std::size_t i = 0; i < list.size(); ++i) {
         value.elements.push_back(read_value(list[i], elements_path.index(i), depth + 1));
@@ -516,23 +451,23 @@ class Reader {
       only_keys(object, path, {"type", "repr"}, type == "scalar" ? "a scalar value" : "an other value");
       auto repr = object.find("repr");
       if (repr == object.end()) missing(path.field("repr"));
-      value.repr = string_of(*repr, path.field("repr"));
+      value.repr = std::move(string_of(*repr, path.field("repr")));
     } else {
       ir::fail_at(where_, path.field("type"), ": unknown value type " + in_quotes(type));
     }
     return value;
   }
 
-  TensorInfo read_tensor(const Json& object, const FieldPath& path) {
+  TensorInfo read_tensor(Json& object, const FieldPath& path) {
     TensorInfo t;
     bool has_dtype = false, has_element_size = false, has_sizes = false;
-    for (const auto& [key, value] : object.items()) {
+    for (auto& [key, value] : object.items()) {
       FieldPath field = path.field(key);
       if (key == "type") {
         continue;
       } else if (key == "dtype") {
         has_dtype = true;
-        t.dtype = string_of(value, field);
+        t.dtype = std::move(string_of(value, field));
       } else if (key == "element_size") {
         has_element_size = true;
         std::int64_t size = int_of(value, field);
@@ -550,7 +485,7 @@ class Reader {
       } else if (key == "storage") {
         if (!value.is_null()) t.storage = int_of(value, field);
       } else if (key == "device") {
-        t.device = string_of(value, field);
+        t.device = std::move(string_of(value, field));
       } else if (key == "dtensor") {
         t.dtensor_like = bool_of(value, field);
       } else {
@@ -569,17 +504,7 @@ class Reader {
 }  // namespace
 
 Graph parse_graph(std::string_view json_text) {
-  Json root;
-  try {
-    root = Json::parse(json_text.begin(), json_text.end(), DuplicateKeyCheck());
-  } catch (const Json::exception& e) {
-    // A parse_error, or out_of_range.406 for a number like 1e400. e.what()
-    // reads "[json.exception.parse_error.101] parse error at line 1, ...".
-    std::string what = e.what();
-    std::size_t text = what.find("] ");
-    throw InvalidGraph("graph", "not valid JSON: " +
-                                    (text == std::string::npos ? what : what.substr(text + 2)));
-  }
+  Json root = ir::parse_json(json_text);
   Graph graph = Reader().read(root);
   verify_graph(graph);
   return graph;
