@@ -16,7 +16,7 @@ def _compress(data: bytes) -> bytes:
     except ImportError:
         zstandard = None
     if zstandard is not None:
-        return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
+        return zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_checksum=True).compress(data)
     binary = shutil.which("zstd")
     if binary is None:
         raise RuntimeError("[fx_export] writing .zst needs the zstandard package or the zstd binary")

@@ -197,7 +197,10 @@ def phases_of(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     autograd.grad call with meta["partitioner_tag"] == "is_backward" (tangent
     placeholders included), and the autograd engine's pre-hook marks the same
     call_function nodes with meta["autograd_backward"]. Either tag means
-    backward. A graph without any tag (an older torch) falls back to the
+    backward. No positional rule ("everything after the first backward node")
+    is used: in a 2.13 joint graph the tangent placeholders are tagged
+    backward yet come before every forward op, while every op the backward
+    trace records (gradient accumulation adds included) carries the tag. A graph without any tag (an older torch) falls back to the
     partitioner's classic rule: a node is backward when it is a tangent or
     depends on one. The output node of a joint graph returns the gradients and
     runs last, so it is backward whenever the graph has a backward part.
