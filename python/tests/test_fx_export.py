@@ -315,3 +315,21 @@ def test_cli_validates_and_plans_an_exported_graph(llama, tmp_path):
     summary = json.loads(plan.stdout)
     assert summary["chosen"] > 0
     assert summary["bytes_offloaded"] >= 65536 * summary["chosen"]
+
+
+def test_get_attr_constants_and_non_finite_literals_are_exported():
+    class WithConstant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((4, 4), 2.0))
+
+        def forward(self, x):
+            return torch.clamp(x * self.scale, max=float("inf"))
+
+    gm = torch.fx.symbolic_trace(WithConstant())
+    graph = export_graph_module(gm)
+    check_graph(graph)
+    scale = next(n for n in graph["nodes"] if n["kind"] == "get_attr")
+    assert scale["value"]["sizes"] == [4, 4] and scale["value"]["dtype"] == "float32"
+    clamp = next(n for n in graph["nodes"] if n["target"].endswith("clamp"))
+    assert clamp["kwargs"]["max"] == {"other": "inf"}

@@ -328,6 +328,16 @@ def _suppress_guards(graph: torch.fx.Graph):
     return stack
 
 
+def _val_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
+    """meta["val"], or for a get_attr without one, the attribute itself (a constant)."""
+    if "val" in node.meta or node.op != "get_attr":
+        return node.meta.get("val")
+    value: Any = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def export_graph_module(
     gm: torch.fx.GraphModule,
     *,
@@ -369,7 +379,7 @@ def export_graph_module(
                 "kwargs": kwargs,
                 "phase": phases[node],
                 "module_stack": module_stack_of(node, names),
-                "value": value_of(node.meta.get("val"), storages)
+                "value": value_of(_val_of(gm, node), storages)
                 if node.op != "output"
                 else {"type": "none"},
             }
