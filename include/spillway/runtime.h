@@ -28,12 +28,16 @@
 //     Callers that prefer a fallback catch OutOfMemory and keep the value.
 //   * reload() when the device allocator fails throws OutOfMemory; the host copy
 //     is unchanged and may be reloaded later.
-//   * a copy that fails raises TransferError at the next wait on the value it
-//     feeds: wait_offload (the storage then stays kResident and is not
-//     released) or, when the failure is reported only after wait_offload
-//     returned, wait_reload of any reload of that host copy. With
-//     `RuntimeOptions::verify_before_release` the forward wait blocks the host
-//     until the D2H is complete, so no failure can follow a release.
+//   * a copy that fails raises TransferError at its own wait when the failure
+//     is known by then: wait_offload (the storage then stays kResident and is
+//     not released, the host copy is dropped) or wait_reload (the reloaded
+//     bytes are undefined; the host copy stays and can be reloaded again).
+//     Waits do not block the host, so a copy may fail after its wait
+//     returned; that failure is raised, once, by the next wait or
+//     synchronize() of any value, before that call changes anything. With
+//     `RuntimeOptions::verify_before_release` the waits block the host until
+//     the copy is complete, so every failure is raised at its own wait and no
+//     device storage is released after a failed D2H.
 //
 // Stream order without record_stream: a released device storage is handed to
 // the device allocator on the compute stream after the compute stream waited
@@ -260,8 +264,8 @@ class Runtime {
   void release_host(const HostHandle& handle);
 
   StorageState state(StorageId storage) const;  // throws StateError if unknown
-  // Blocks until every copy started so far has completed. Copy failures are
-  // not raised here; they surface at the waits of the values involved.
+  // Blocks until every copy started so far has completed. Throws
+  // TransferError for a copy failure no wait has reported yet.
   void synchronize();
 
   PinnedPoolStats pool_stats() const;

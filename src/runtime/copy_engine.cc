@@ -23,6 +23,7 @@ struct CopyEngine::Lane {
   std::unique_ptr<Stream> stream;
   std::vector<TransferPtr> pending;  // guarded by CopyEngine::mu_
   std::size_t busy = 0;              // transfers taken by the dispatcher, guarded by mu_
+  std::deque<TransferPtr> outstanding;  // enqueued, not seen complete; guarded by mu_
   std::thread worker;
 };
 
@@ -148,6 +149,7 @@ void CopyEngine::dispatch(Lane& lane) {
         }
         std::shared_ptr<Event> event = last ? t->done_ : backend_.create_event();
         backend_.record(*event, *lane.stream);
+        t->chunk_events_.push_back(event);
         if (length > 0) {
           inflight.push_back({std::move(event), length});
           inflight_bytes += length;
@@ -164,6 +166,7 @@ void CopyEngine::dispatch(Lane& lane) {
         if (!t->enqueued_) {
           std::erase(lane.pending, t);  // skip the rest of a failed transfer
           t->enqueued_ = true;
+          lane.outstanding.push_back(t);
         }
       }
       stats_.chunks++;
@@ -186,13 +189,35 @@ TransferError CopyEngine::failure(const Transfer& t, const std::exception_ptr& e
 }
 
 void CopyEngine::wait_enqueued(const TransferPtr& t) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!t->enqueued_) {
-    t->priority_ = INT_MAX;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return t->enqueued_; });
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!t->enqueued_) {
+      t->priority_ = INT_MAX;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return t->enqueued_; });
+    }
   }
-  if (t->error_) throw failure(*t, t->error_);
+  raise_if_failed(t);
+}
+
+bool CopyEngine::probe(const TransferPtr& t) {
+  bool complete = true;
+  for (const auto& event : t->chunk_events_) {
+    try {
+      if (!backend_.query(*event)) complete = false;
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!t->error_) t->error_ = std::current_exception();
+    }
+  }
+  return complete;
+}
+
+void CopyEngine::raise_if_failed(const TransferPtr& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!t->error_) return;
+  t->reported_ = true;
+  throw failure(*t, t->error_);
 }
 
 void CopyEngine::make_wait(Stream& stream, const TransferPtr& t) {
@@ -210,22 +235,52 @@ void CopyEngine::make_wait(Stream& stream, const TransferPtr& t) {
 bool CopyEngine::poll(const TransferPtr& t) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (t->error_) throw failure(*t, t->error_);
-    if (!t->enqueued_) return false;
+    if (!t->enqueued_ && !t->error_) return false;
   }
-  try {
-    return backend_.query(*t->done_);
-  } catch (...) {
-    throw failure(*t, std::current_exception());
-  }
+  bool complete = probe(t);
+  raise_if_failed(t);
+  return complete;
 }
 
 void CopyEngine::synchronize(const TransferPtr& t) {
   wait_enqueued(t);
-  try {
-    backend_.synchronize(*t->done_);
-  } catch (...) {
-    throw failure(*t, std::current_exception());
+  for (const auto& event : t->chunk_events_) {
+    try {
+      backend_.synchronize(*event);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!t->error_) t->error_ = std::current_exception();
+    }
+  }
+  raise_if_failed(t);
+}
+
+void CopyEngine::check_failures() {
+  for (auto& lane : lanes_) {
+    for (;;) {
+      TransferPtr front;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (lane->outstanding.empty()) break;
+        front = lane->outstanding.front();
+      }
+      bool complete = probe(front);
+      bool failed = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failed = front->error_ != nullptr;
+        if (complete || failed) {
+          if (!lane->outstanding.empty() && lane->outstanding.front() == front) {
+            lane->outstanding.pop_front();
+          }
+        }
+        if (failed && !front->reported_) {
+          front->reported_ = true;
+          throw failure(*front, front->error_);
+        }
+      }
+      if (!complete && !failed) break;  // later transfers on this lane run after it
+    }
   }
 }
 
@@ -243,6 +298,24 @@ void CopyEngine::drain() {
       backend_.synchronize(*lane->stream);
     } catch (...) {
     }
+    // Forget transfers that completed cleanly; failed ones wait for
+    // check_failures().
+    std::vector<TransferPtr> outstanding;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outstanding.assign(lane->outstanding.begin(), lane->outstanding.end());
+    }
+    std::vector<TransferPtr> keep;
+    for (auto& t : outstanding) {
+      bool complete = probe(t);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!complete || (t->error_ && !t->reported_)) keep.push_back(t);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(lane->outstanding, [&](const TransferPtr& t) {
+      return std::find(outstanding.begin(), outstanding.end(), t) != outstanding.end() &&
+             std::find(keep.begin(), keep.end(), t) == keep.end();
+    });
   }
 }
 

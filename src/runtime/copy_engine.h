@@ -15,6 +15,12 @@
 //      `done` is recorded once and never re-recorded, so anyone may wait on it.
 //   4. A failure to enqueue marks the transfer failed; its remaining chunks
 //      are skipped and every later wait on it throws TransferError.
+//   5. Each transfer keeps the events recorded after each of its chunks, so a
+//      failure attached to any chunk is found by poll()/synchronize() of the
+//      transfer. Enqueued transfers stay on their lane's `outstanding` list
+//      (in stream order) until seen complete; check_failures() walks it from
+//      the front, so a failure of a transfer nobody waits on is still
+//      reported, once, at the next check.
 //
 // Thread-safety: all methods may be called from any thread.
 
@@ -53,10 +59,13 @@ class Transfer {
   std::uint64_t seq_ = 0;
   std::vector<std::shared_ptr<Event>> after_;
   std::shared_ptr<Event> done_;
+  // Written by the dispatcher before enqueued_ is set; read after.
+  std::vector<std::shared_ptr<Event>> chunk_events_;
   // Guarded by the engine's mu_.
   int priority_ = 0;
   std::size_t next_offset_ = 0;
   bool enqueued_ = false;
+  bool reported_ = false;
   std::exception_ptr error_;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
@@ -88,8 +97,11 @@ class CopyEngine {
   bool poll(const TransferPtr& transfer);
   // Blocks until `transfer` completed; throws TransferError if it failed.
   void synchronize(const TransferPtr& transfer);
+  // Throws TransferError for the first failed transfer not yet reported (by
+  // a wait on it or an earlier check), marking it reported. Does not block.
+  void check_failures();
   // Blocks until every transfer submitted so far has completed. Never
-  // reports copy failures (waits do).
+  // reports copy failures (check_failures does).
   void drain();
 
   Stream& stream(CopyKind kind);
@@ -99,6 +111,11 @@ class CopyEngine {
   struct Lane;
   void dispatch(Lane& lane);
   TransferError failure(const Transfer& t, const std::exception_ptr& e) const;
+  // Queries every chunk event of an enqueued transfer; true when all ran.
+  // Records a failure in t->error_ (and throws nothing).
+  bool probe(const TransferPtr& t);
+  // Throws t's failure, marking it reported, if it has one.
+  void raise_if_failed(const TransferPtr& t);
 
   Backend& backend_;
   const CopyEngineOptions options_;

@@ -119,32 +119,18 @@ PinnedBlock PinnedPool::allocate(std::size_t bytes) {
     }
   }
   if (have_candidate) {
-    bool reuse = ready(candidate);
-    if (!reuse) {
-      bool fits = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        fits = options_.host_budget_bytes == 0 ||
-               stats_.bytes_pinned + cls <= options_.host_budget_bytes;
-        if (fits) parked_[cls].push_front(std::move(candidate));
-      }
-      if (!fits) {
-        await(candidate);
-        reuse = true;
-      }
-    }
-    if (reuse) {
-      void* data = candidate.data;
-      recycle(std::move(candidate.events));
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.reuses++;
-      stats_.bytes_live += cls;
-      stats_.bytes_requested += bytes;
-      stats_.peak_bytes_live = std::max(stats_.peak_bytes_live, stats_.bytes_live);
-      stats_.peak_bytes_requested =
-          std::max(stats_.peak_bytes_requested, stats_.bytes_requested);
-      return PinnedBlock{data, cls, bytes};
-    }
+    // Note [Pinned pool reuse]: waiting for a busy block beats pinning a new
+    // one (page-locking costs more than the copy still reading the block).
+    await(candidate);
+    void* data = candidate.data;
+    recycle(std::move(candidate.events));
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.reuses++;
+    stats_.bytes_live += cls;
+    stats_.bytes_requested += bytes;
+    stats_.peak_bytes_live = std::max(stats_.peak_bytes_live, stats_.bytes_live);
+    stats_.peak_bytes_requested = std::max(stats_.peak_bytes_requested, stats_.bytes_requested);
+    return PinnedBlock{data, cls, bytes};
   }
 
   if (options_.host_budget_bytes != 0 && cls > options_.host_budget_bytes) {

@@ -18,9 +18,12 @@
 // used the block (after the copies that read or wrote it were enqueued) and
 // parks the block on its class's FIFO. allocate() hands out the oldest parked
 // block of the class only once all its events have completed; no
-// record_stream, no host synchronisation in the common case. If the oldest
-// block is still in use and a new block would exceed the budget, allocate()
-// blocks on that block's events instead of failing.
+// record_stream. If that block is still in use, allocate() blocks on its
+// events rather than pinning a new block: the copy still touching it ends
+// within a chunk or so, while page-locking a new block costs more (and would
+// let pinned bytes creep above the peak of live bytes step after step).
+// Blocks of a class are released after their last reload, so in a training
+// step the wait is rare and short.
 //
 // Budget. pinned bytes (live + parked) never exceed host_budget_bytes. When a
 // new block would exceed it, parked blocks of other classes are freed first

@@ -187,10 +187,7 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
     record = s->second;
   }
   auto stream = compute_stream(compute);
-  try {
-    if (verify_before_release_) engine_.synchronize(copy->d2h);
-    engine_.make_wait(*stream, copy->d2h);
-  } catch (const TransferError& e) {
+  auto give_up = [&](const TransferError& e) {
     // Nothing is lost: the device storage stays; the host copy is dropped.
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -200,8 +197,21 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
       hosts_.erase(handle.id);
     }
     return_block(*copy);
-    throw TransferError(kComponent, "offload of " + storage_name(copy->source) +
-                                        " failed; it stays on the device: " + e.what());
+    return TransferError(kComponent, "offload of " + storage_name(copy->source) +
+                                         " failed; it stays on the device: " + e.what());
+  };
+  try {
+    engine_.wait_enqueued(copy->d2h);
+    engine_.poll(copy->d2h);
+  } catch (const TransferError& e) {
+    throw give_up(e);
+  }
+  check_earlier_failures();
+  try {
+    if (verify_before_release_) engine_.synchronize(copy->d2h);
+    engine_.make_wait(*stream, copy->d2h);
+  } catch (const TransferError& e) {
+    throw give_up(e);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -235,6 +245,7 @@ DeviceValue ResidencyManager::reload(const HostHandle& handle, void* dst, Releas
   record->state = StorageState::kReloading;
   try {
     engine_.wait_enqueued(copy->d2h);  // its `done` is recorded: the H2D can wait on it
+    engine_.poll(copy->d2h);           // a D2H known to have failed feeds nothing
     std::shared_ptr<Event> allocated = backend_.create_event();
     backend_.record(*allocated, *stream);  // the allocation point on compute
     record->transfer = engine_.submit(CopyKind::kHostToDevice, dst, copy->block.data,
@@ -274,21 +285,32 @@ void ResidencyManager::wait_reload(StorageId storage, StreamHandle compute) {
     t = record->transfer;
   }
   auto stream = compute_stream(compute);
-  std::exception_ptr failure;
+  auto fail = [&](const TransferError& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      record->state = StorageState::kResident;
+      record->transfer.reset();
+    }
+    return TransferError(kComponent, "reload into " + storage_name(storage) +
+                                         " failed; its bytes are undefined, release it: " +
+                                         e.what());
+  };
+  try {
+    engine_.wait_enqueued(t);
+    engine_.poll(t);
+  } catch (const TransferError& e) {
+    throw fail(e);
+  }
+  check_earlier_failures();
   try {
     if (verify_before_release_) engine_.synchronize(t);
     engine_.make_wait(*stream, t);
   } catch (const TransferError& e) {
-    failure = std::make_exception_ptr(TransferError(
-        kComponent, "reload into " + storage_name(storage) +
-                        " failed; its bytes are undefined, release it: " + e.what()));
+    throw fail(e);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    record->state = StorageState::kResident;
-    record->transfer.reset();
-  }
-  if (failure) std::rethrow_exception(failure);
+  std::lock_guard<std::mutex> lock(mu_);
+  record->state = StorageState::kResident;
+  record->transfer.reset();
 }
 
 void ResidencyManager::release(StorageId storage, StreamHandle compute) {
@@ -342,6 +364,18 @@ StorageState ResidencyManager::state(StorageId storage) const {
 
 void ResidencyManager::synchronize() {
   engine_.drain();
+  check_earlier_failures();
+}
+
+void ResidencyManager::check_earlier_failures() {
+  try {
+    engine_.check_failures();
+  } catch (const TransferError& e) {
+    throw TransferError(kComponent,
+                        std::string("an earlier copy failed after its own wait; the value it "
+                                    "fed is lost: ") +
+                            e.what());
+  }
 }
 
 }  // namespace spillway::runtime
