@@ -80,6 +80,13 @@ enum class Rule {
   kNoBackwardReader,        // backward never reads it
   kTupleLastUse,            // last forward use returns a tuple/list
   kOverBudget,              // did not fit the host budget
+  // Appended after the first release of this header (values above unchanged).
+  // Both guard cases where the reference pass would emit an unsafe or invalid
+  // graph; they are checked after kTupleLastUse.
+  kUntrackedReader,           // an alias of the storage is read where the rewrite
+                              // cannot follow (after the forward wait, or in
+                              // backward without being redirected)
+  kBackwardBeforeForwardUse,  // a backward reader precedes the last forward use
 };
 std::string_view to_string(Rule rule);
 // One line a user can read: "storage is written in place by a later node".
@@ -141,7 +148,9 @@ struct Offload {
 
 struct Plan {
   ActivationPlanOptions options;
-  std::vector<ValueDecision> decisions;  // every forward tensor-valued node, graph order
+  // Every forward node (output excluded) whose value is a tensor or a tuple/list
+  // holding one, in graph order.
+  std::vector<ValueDecision> decisions;
   std::vector<Offload> offloads;         // chosen, largest first
   std::vector<Edit> edits;               // in application order
   std::int64_t candidate_count = 0;      // passed every rule but the budget

@@ -1,0 +1,86 @@
+#pragma once
+// The selection rules of the activation planner, one named function each, in
+// the order the reference pass (seed 000) applies them. A rule returns the
+// Rule that rejects the value, or kPass (Rule::kChosen) to let it through; it
+// may write a short explanation into `detail`.
+//
+// Value rules look at the node and its storage group; chain rules also need
+// the value's alias chain and lifetime (CandidateFacts), computed only for
+// values that passed every value rule.
+//
+// Thread-safety: pure functions over immutable analyses.
+
+#include <string>
+#include <vector>
+
+#include "analysis/alias_chain.h"
+#include "analysis/graph_index.h"
+#include "analysis/group_safety.h"
+#include "analysis/liveness.h"
+#include "analysis/scope.h"
+#include "spillway/plan.h"
+
+namespace spillway::plan {
+
+inline constexpr Rule kPass = Rule::kChosen;
+
+// Everything the rules read; built once per plan. Not owned.
+struct RuleContext {
+  const analysis::GraphIndex& index;
+  const analysis::ScopeRoots& scope;
+  const analysis::StorageSafety& storage;
+  const ActivationPlanOptions& options;
+};
+
+// ---- value rules, in order ----
+Rule rule_in_scope(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_call_function(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_not_offload_op(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_not_view(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_not_collective(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_single_tensor(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_not_dtensor(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_rank_at_least_two(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_contiguous(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_known_size(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_large_enough(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_known_storage(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_storage_not_written(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_storage_not_shared_externally(const RuleContext& ctx, const Node& node,
+                                        std::string& detail);
+Rule rule_no_mutating_sharer(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_storage_not_output(const RuleContext& ctx, const Node& node, std::string& detail);
+Rule rule_storage_owner(const RuleContext& ctx, const Node& node, std::string& detail);
+
+using ValueRule = Rule (*)(const RuleContext&, const Node&, std::string&);
+// The value rules above, in evaluation order.
+const std::vector<ValueRule>& value_rules();
+
+// ---- chain rules, in order ----
+struct CandidateFacts {
+  analysis::AliasChain chain;
+  analysis::ForwardLifetime lifetime;
+  NodeId first_backward_reader = -1;
+};
+// Chain, lifetime and first backward reader of a value that passed the value rules.
+CandidateFacts gather_candidate_facts(const RuleContext& ctx, const Node& node);
+
+Rule rule_read_by_backward(const RuleContext& ctx, const CandidateFacts& facts,
+                           std::string& detail);
+Rule rule_tensor_last_use(const RuleContext& ctx, const CandidateFacts& facts,
+                          std::string& detail);
+// Not in the reference pass: every alias of the storage (storage-group members
+// and schema views, see analysis::forward_aliases) must be read only where the
+// rewrite follows it: in forward up to the last forward use, in backward only
+// by readers the rewrite redirects, and replayed views may read only the
+// producer or other replayed views.
+Rule rule_readers_tracked(const RuleContext& ctx, const CandidateFacts& facts,
+                          std::string& detail);
+// Not in the reference pass: the reload must follow the forward wait.
+Rule rule_backward_after_forward(const RuleContext& ctx, const CandidateFacts& facts,
+                                 std::string& detail);
+
+using ChainRule = Rule (*)(const RuleContext&, const CandidateFacts&, std::string&);
+const std::vector<ChainRule>& chain_rules();
+
+}  // namespace spillway::plan

@@ -1,0 +1,105 @@
+// apply_edits: replay a plan's edits on a graph (plan.h).
+//
+// Insertions are applied in order with NodeSequence's placement rules, then
+// redirects in order. Everything is validated before anything is built, so a
+// bad edit list leaves nothing half-done (the input is never modified anyway).
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "plan/node_sequence.h"
+#include "plan/offload_rewrite.h"
+#include "spillway/error.h"
+#include "spillway/plan.h"
+
+namespace spillway {
+namespace {
+
+std::string edit_label(std::size_t i, const Edit& edit) {
+  return "edit " + std::to_string(i) + " (" + std::string(to_string(edit.kind)) + ")";
+}
+
+void redirect_arg(Arg& arg, NodeId from, NodeId to) {
+  if (arg.kind == Arg::Kind::kNode && arg.node == from) arg.node = to;
+  for (Arg& item : arg.list) redirect_arg(item, from, to);
+}
+
+bool is_spillway_target(std::string_view target) {
+  return target == kOffloadTarget || target == kReloadTarget || target == kWaitTarget;
+}
+
+}  // namespace
+
+Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits) {
+  std::vector<NodeId> original;
+  original.reserve(graph.nodes.size());
+  std::unordered_set<NodeId> known;
+  known.reserve(graph.nodes.size() * 2 + edits.size());
+  for (const Node& node : graph.nodes) {
+    original.push_back(node.id);
+    known.insert(node.id);
+  }
+  plan::NodeSequence order(original);
+  std::unordered_map<NodeId, const Node*> inserted;
+  for (std::size_t i = 0; i < edits.size(); ++i) {
+    const Edit& edit = edits[i];
+    if (edit.kind == EditKind::kRedirect) continue;
+    if (!known.count(edit.anchor)) {
+      throw InvalidArgument("plan", edit_label(i, edit) + " anchors on node " +
+                                        std::to_string(edit.anchor) + ", which graph '" +
+                                        graph.name + "' lacks");
+    }
+    if (!known.insert(edit.node.id).second) {
+      throw InvalidArgument("plan", edit_label(i, edit) + " inserts node " +
+                                        std::to_string(edit.node.id) + " (" + edit.node.name +
+                                        "), but that id is already taken");
+    }
+    if (edit.placement == Placement::kAfter) {
+      order.insert_after_run(edit.anchor, edit.node.id);
+    } else {
+      order.insert_before(edit.anchor, edit.node.id);
+    }
+    inserted.emplace(edit.node.id, &edit.node);
+  }
+  for (std::size_t i = 0; i < edits.size(); ++i) {
+    const Edit& edit = edits[i];
+    if (edit.kind != EditKind::kRedirect) continue;
+    for (NodeId id : {edit.reader, edit.from, edit.to}) {
+      if (!known.count(id)) {
+        throw InvalidArgument("plan", edit_label(i, edit) + " names node " + std::to_string(id) +
+                                          ", which graph '" + graph.name + "' lacks");
+      }
+    }
+  }
+
+  Graph out;
+  out.name = graph.name;
+  out.metadata = graph.metadata;
+  out.ops = graph.ops;
+  std::unordered_map<NodeId, const Node*> existing;
+  existing.reserve(graph.nodes.size() * 2);
+  for (const Node& node : graph.nodes) existing.emplace(node.id, &node);
+  std::unordered_map<NodeId, std::size_t> position;
+  out.nodes.reserve(graph.nodes.size() + inserted.size());
+  for (NodeId id : order.order()) {
+    auto it = inserted.find(id);
+    const Node& node = it != inserted.end() ? *it->second : *existing.at(id);
+    position.emplace(id, out.nodes.size());
+    out.nodes.push_back(node);
+    if (it != inserted.end() && is_spillway_target(node.target)) {
+      if (node.target == kOffloadTarget) out.ops[node.target] = plan::offload_schema();
+      if (node.target == kReloadTarget) out.ops[node.target] = plan::reload_schema();
+      if (node.target == kWaitTarget) out.ops[node.target] = plan::wait_schema();
+    }
+  }
+  for (const Edit& edit : edits) {
+    if (edit.kind != EditKind::kRedirect) continue;
+    Node& reader = out.nodes[position.at(edit.reader)];
+    for (Arg& arg : reader.args) redirect_arg(arg, edit.from, edit.to);
+    for (auto& kv : reader.kwargs) redirect_arg(kv.second, edit.from, edit.to);
+  }
+  return out;
+}
+
+}  // namespace spillway

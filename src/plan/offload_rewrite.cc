@@ -1,0 +1,336 @@
+#include "plan/offload_rewrite.h"
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "analysis/op_facts.h"
+#include "analysis/regions.h"
+#include "plan/node_sequence.h"
+#include "spillway/error.h"
+
+namespace spillway::plan {
+namespace {
+
+OpSchema spillway_schema(std::vector<std::string> names) {
+  OpSchema schema;
+  schema.ns = "spillway";
+  for (std::string& name : names) schema.arguments.push_back({std::move(name), false, false});
+  return schema;
+}
+
+std::int64_t max_storage(const Value& value) {
+  std::int64_t best = -1;
+  if (value.is_tensor() && value.tensor.storage) best = *value.tensor.storage;
+  for (const Value& element : value.elements) best = std::max(best, max_storage(element));
+  return best;
+}
+
+void set_storage(Value& value, std::int64_t storage) {
+  if (value.is_tensor()) value.tensor.storage = storage;
+  for (Value& element : value.elements) set_storage(element, storage);
+}
+
+Arg remap(const Arg& arg, const std::unordered_map<NodeId, NodeId>& map) {
+  Arg out = arg;
+  if (arg.kind == Arg::Kind::kNode) {
+    if (auto it = map.find(arg.node); it != map.end()) out.node = it->second;
+  }
+  for (Arg& item : out.list) item = remap(item, map);
+  return out;
+}
+
+class RewriteBuilder {
+ public:
+  RewriteBuilder(const analysis::GraphIndex& index, const analysis::ScopeRoots& scope)
+      : index_(index), scope_(scope), fx_(original_order(index)) {
+    const Graph& graph = index.graph();
+    next_id_ = index.max_id() + 1;
+    std::int64_t storage = -1;
+    for (const Node& node : graph.nodes) {
+      names_.insert(node.name);
+      storage = std::max(storage, max_storage(node.value));
+    }
+    next_storage_ = storage + 1;
+  }
+
+  OffloadRewrite build(const std::vector<ChosenValue>& chosen, int prefetch_regions) {
+    OffloadRewrite out;
+    for (const ChosenValue& value : chosen) out.offloads.push_back(add_forward(value));
+    for (std::size_t i = 0; i < chosen.size(); ++i) add_backward(chosen[i], out.offloads[i]);
+    out.reloads_prefetched = prefetch(out.offloads, prefetch_regions);
+    out.edits = express_as_edits();
+    return out;
+  }
+
+ private:
+  struct Pending {
+    Edit edit;
+    bool insertion = true;
+  };
+
+  static std::vector<NodeId> original_order(const analysis::GraphIndex& index) {
+    std::vector<NodeId> ids;
+    ids.reserve(index.size());
+    for (const Node& node : index.graph().nodes) ids.push_back(node.id);
+    return ids;
+  }
+
+  const Node& lookup(NodeId id) const {
+    if (auto it = new_nodes_.find(id); it != new_nodes_.end()) return it->second;
+    return index_.node(id);
+  }
+
+  std::string unique_name(const std::string& base) {
+    std::string name = base;
+    for (int suffix = 1; names_.count(name); ++suffix) name = base + "_" + std::to_string(suffix);
+    names_.insert(name);
+    return name;
+  }
+
+  Node new_node(std::string_view target, std::string name, std::vector<Arg> args, Phase phase,
+                const Node& like, Value value) {
+    Node node;
+    node.id = next_id_++;
+    node.name = unique_name(name);
+    node.kind = NodeKind::kCallFunction;
+    node.target = std::string(target);
+    node.args = std::move(args);
+    node.phase = phase;
+    node.module_stack = like.module_stack;
+    node.value = std::move(value);
+    return node;
+  }
+
+  // Records an insertion: FX-style in the simulation, reference anchor in the edit.
+  NodeId insert(EditKind kind, Node node, NodeId anchor, Placement placement, NodeId source) {
+    const NodeId id = node.id;
+    if (placement == Placement::kBefore) {
+      fx_.insert_before(anchor, id);  // FX inserting_before(anchor)
+    } else {
+      fx_.insert_right_after(anchor, id);  // FX inserting_after(anchor)
+    }
+    Edit edit;
+    edit.kind = kind;
+    edit.anchor = anchor;
+    edit.placement = placement;
+    edit.source = source;
+    new_nodes_.emplace(id, node);
+    edit.node = std::move(node);
+    edit_index_[id] = pending_.size();
+    pending_.push_back({std::move(edit), true});
+    return id;
+  }
+
+  void redirect(NodeId reader, NodeId from, NodeId to, NodeId source) {
+    Edit edit;
+    edit.kind = EditKind::kRedirect;
+    edit.reader = reader;
+    edit.from = from;
+    edit.to = to;
+    edit.source = source;
+    pending_.push_back({std::move(edit), false});
+  }
+
+  Offload add_forward(const ChosenValue& value) {
+    const Node& producer = index_.node(value.producer);
+    const CandidateFacts& facts = *value.facts;
+    Offload offload;
+    offload.producer = producer.id;
+    offload.bytes = value.bytes;
+    offload.last_forward_use = facts.lifetime.last_forward_use;
+    offload.first_backward_reader = facts.first_backward_reader;
+
+    TensorInfo host = producer.value.tensor;
+    host.device = "cpu";
+    host.storage = next_storage_++;
+    offload.offload_node =
+        insert(EditKind::kOffload,
+               new_node(kOffloadTarget, "spillway_offload_" + producer.name,
+                        {Arg::of_node(producer.id)}, Phase::kForward, producer,
+                        Value::of_tensor(host)),
+               producer.id, Placement::kAfter, producer.id);
+    const NodeId anchor = facts.lifetime.last_forward_use == producer.id
+                              ? offload.offload_node
+                              : facts.lifetime.last_forward_use;
+    offload.forward_wait_node = insert(
+        EditKind::kForwardWait,
+        new_node(kWaitTarget, "spillway_wait_offload_" + producer.name,
+                 {Arg::of_node(offload.offload_node), Arg::of_node(producer.id),
+                  Arg::of_node(*facts.lifetime.last_use_arg)},
+                 Phase::kForward, producer, Value::of_tensor(host)),
+        anchor, Placement::kAfter, producer.id);
+    return offload;
+  }
+
+  void add_backward(const ChosenValue& value, Offload& offload) {
+    const Node& producer = index_.node(value.producer);
+    const CandidateFacts& facts = *value.facts;
+    const NodeId first = facts.first_backward_reader;
+    TensorInfo device = producer.value.tensor;
+    device.storage = next_storage_++;
+    offload.reload_node = insert(
+        EditKind::kReload,
+        new_node(kReloadTarget, "spillway_reload_" + producer.name,
+                 {Arg::of_node(offload.forward_wait_node),
+                  Arg::of_string(producer.value.tensor.device)},
+                 Phase::kBackward, producer, Value::of_tensor(device)),
+        first, Placement::kBefore, producer.id);
+    offload.backward_wait_node = insert(
+        EditKind::kBackwardWait,
+        new_node(kWaitTarget, "spillway_wait_reload_" + producer.name,
+                 {Arg::of_node(offload.reload_node), Arg::of_node(offload.forward_wait_node)},
+                 Phase::kBackward, producer, Value::of_tensor(device)),
+        first, Placement::kBefore, producer.id);
+    for (NodeId reader : facts.chain.direct_backward_readers) {
+      redirect(reader, producer.id, offload.backward_wait_node, producer.id);
+    }
+
+    std::vector<NodeId> views = facts.chain.replay_views;
+    std::sort(views.begin(), views.end(),
+              [&](NodeId a, NodeId b) { return index_.position(a) < index_.position(b); });
+    std::unordered_map<NodeId, NodeId> replayed{{producer.id, offload.backward_wait_node}};
+    for (NodeId view_id : views) {
+      const Node& view = index_.node(view_id);
+      std::vector<Arg> args;
+      for (const Arg& arg : view.args) args.push_back(remap(arg, replayed));
+      Value replay_value = view.value;
+      set_storage(replay_value, *device.storage);
+      Node replay = new_node(view.target, "spillway_replay_" + view.name, std::move(args),
+                             Phase::kBackward, view, std::move(replay_value));
+      for (const auto& [key, arg] : view.kwargs) replay.kwargs.emplace_back(key, remap(arg, replayed));
+      replay.time_ms = view.time_ms;
+      replayed[view_id] =
+          insert(EditKind::kReplayView, std::move(replay), first, Placement::kBefore, producer.id);
+    }
+    for (const auto& [view, reader] : facts.chain.view_backward_redirects) {
+      if (auto it = replayed.find(view); it != replayed.end()) {
+        redirect(reader, view, it->second, producer.id);
+      }
+    }
+  }
+
+  std::int64_t prefetch(std::vector<Offload>& offloads, int regions_earlier) {
+    if (regions_earlier <= 0 || scope_.empty() || offloads.empty()) return 0;
+    const std::vector<NodeId> order = fx_.order();
+    std::vector<const Node*> nodes;
+    nodes.reserve(order.size());
+    std::unordered_map<NodeId, std::size_t> position;
+    position.reserve(order.size() * 2);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      nodes.push_back(&lookup(order[i]));
+      position.emplace(order[i], i);
+    }
+    const analysis::Regions regions = analysis::find_regions(nodes, scope_);
+    if (regions.anchors.empty()) return 0;
+
+    std::unordered_map<NodeId, Offload*> by_reload;
+    for (Offload& offload : offloads) by_reload[offload.reload_node] = &offload;
+    std::int64_t moved = 0;
+    for (std::size_t reload_position = 0; reload_position < nodes.size(); ++reload_position) {
+      auto it = by_reload.find(nodes[reload_position]->id);
+      if (it == by_reload.end()) continue;
+      Offload& offload = *it->second;
+      const std::string* root = scope_.root_of(*nodes[reload_position]);
+      if (root == nullptr) continue;
+      std::optional<std::size_t> region = analysis::region_of(regions, *root, reload_position);
+      if (!region) continue;
+      const std::size_t target = *region >= static_cast<std::size_t>(regions_earlier)
+                                     ? *region - static_cast<std::size_t>(regions_earlier)
+                                     : 0;
+      const std::size_t anchor_position = regions.anchors[target];
+      if (anchor_position >= reload_position) continue;
+      if (anchor_position <= position.at(offload.forward_wait_node)) continue;  // see header
+      const NodeId anchor = nodes[anchor_position]->id;
+      fx_.move_before(anchor, offload.reload_node);
+      pending_[edit_index_.at(offload.reload_node)].edit.anchor = anchor;
+      offload.prefetched = true;
+      ++moved;
+    }
+    return moved;
+  }
+
+  std::vector<Edit> express_as_edits() {
+    const std::vector<NodeId> final_order = fx_.order();
+    std::unordered_map<NodeId, std::size_t> final_position;
+    final_position.reserve(final_order.size() * 2);
+    for (std::size_t i = 0; i < final_order.size(); ++i) final_position.emplace(final_order[i], i);
+    auto in_order = [&](NodeId before, NodeId node, NodeId after) {
+      const std::size_t p = final_position.at(node);
+      return (before < 0 || final_position.at(before) < p) &&
+             (after < 0 || p < final_position.at(after));
+    };
+
+    NodeSequence applied(original_order(index_));
+    std::vector<Edit> edits;
+    edits.reserve(pending_.size());
+    for (Pending& pending : pending_) {
+      Edit& edit = pending.edit;
+      if (pending.insertion) {
+        const NodeId id = edit.node.id;
+        NodeId before;
+        NodeId after;
+        if (edit.placement == Placement::kAfter) {
+          before = applied.run_end(edit.anchor);
+          after = applied.next(before);
+        } else {
+          before = applied.previous(edit.anchor);
+          after = edit.anchor;
+        }
+        if (!in_order(before, id, after)) {
+          // Anchor on the next node already present in the final order.
+          NodeId next = -1;
+          for (std::size_t p = final_position.at(id) + 1; p < final_order.size(); ++p) {
+            if (applied.contains(final_order[p])) {
+              next = final_order[p];
+              break;
+            }
+          }
+          if (next >= 0) {
+            edit.anchor = next;
+            edit.placement = Placement::kBefore;
+          } else {
+            edit.anchor = applied.last();
+            edit.placement = Placement::kAfter;
+          }
+        }
+        if (edit.placement == Placement::kAfter) {
+          applied.insert_after_run(edit.anchor, id);
+        } else {
+          applied.insert_before(edit.anchor, id);
+        }
+      }
+      edits.push_back(std::move(edit));
+    }
+    if (applied.order() != final_order) {
+      throw Error("plan", "internal error: edits do not reproduce the rewritten order of graph '" +
+                              index_.graph().name + "'");
+    }
+    return edits;
+  }
+
+  const analysis::GraphIndex& index_;
+  const analysis::ScopeRoots& scope_;
+  NodeSequence fx_;
+  NodeId next_id_ = 0;
+  std::int64_t next_storage_ = 0;
+  std::unordered_set<std::string> names_;
+  std::unordered_map<NodeId, Node> new_nodes_;
+  std::unordered_map<NodeId, std::size_t> edit_index_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace
+
+OpSchema offload_schema() { return spillway_schema({"tensor"}); }
+OpSchema reload_schema() { return spillway_schema({"tensor", "device"}); }
+OpSchema wait_schema() { return spillway_schema({"tensor", "keepalive", "last_use"}); }
+
+OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
+                                     const analysis::ScopeRoots& scope,
+                                     const std::vector<ChosenValue>& chosen, int prefetch_regions) {
+  return RewriteBuilder(index, scope).build(chosen, prefetch_regions);
+}
+
+}  // namespace spillway::plan

@@ -1,0 +1,78 @@
+#pragma once
+// The graph edits that move chosen activations to host and back, exactly as
+// the reference pass (seed 000) rewrites its FX graph:
+//
+//   forward, for each chosen value in selection order (largest first):
+//     offload(P)                     right after the producer P;
+//     wait_tensor(offload, P, last)  right after P's last forward use, or
+//                                    after the offload when P is its own last
+//                                    use (`last` is the last-use argument);
+//   then backward, for each chosen value in the same order, all forward waits
+//   existing already:
+//     reload(forward_wait, device)   before the first backward reader;
+//     wait_tensor(reload, fwd_wait)  before the first backward reader;
+//     P's backward readers redirected to the backward wait;
+//     replay views (graph order)     before the first backward reader, args
+//                                    mapped onto the reload chain, and the
+//                                    views' backward readers redirected;
+//   then every new reload is moved `prefetch_regions` scope regions earlier
+//   (regions located on the rewritten graph; see analysis/regions.h).
+//
+// FX inserts "after X" immediately after X, ahead of nodes inserted there
+// before, and the prefetch moves nodes; plan.h edits only insert, with a
+// different "after" rule. So the rewrite is first simulated with FX's list
+// semantics, then expressed as edits: each edit keeps the reference anchor
+// (producer, last use, first backward reader, prefetch anchor) when applying
+// it in order lands the node where FX put it, and otherwise anchors "before"
+// the next node already present at that point of the final order. Applying
+// the edits in order therefore gives exactly the reference graph; the builder
+// checks this before returning.
+//
+// Divergences, both where the reference would produce an invalid graph: a
+// reload is not moved before its own forward wait, and reloads that were in
+// the input graph are never moved (an edit cannot move an existing node).
+//
+// New nodes: ids above every existing id, names "spillway_offload_<P>",
+// "spillway_wait_offload_<P>", "spillway_reload_<P>", "spillway_wait_reload_<P>",
+// "spillway_replay_<view>" (suffixed _1, _2... if taken). Offload and forward
+// wait: forward, P's tensor on "cpu" with a fresh storage; reload and backward
+// wait: backward, P's tensor with another fresh storage; both with P's module
+// stack. Replays: backward, the view's module stack and time, its value on the
+// reload's storage.
+//
+// Thread-safety: pure function.
+
+#include <cstdint>
+#include <vector>
+
+#include "analysis/graph_index.h"
+#include "analysis/scope.h"
+#include "plan/activation_rules.h"
+#include "spillway/plan.h"
+
+namespace spillway::plan {
+
+struct ChosenValue {
+  NodeId producer = -1;
+  std::int64_t bytes = 0;
+  const CandidateFacts* facts = nullptr;  // not owned
+};
+
+struct OffloadRewrite {
+  std::vector<Edit> edits;       // application order
+  std::vector<Offload> offloads; // one per chosen value, same order
+  std::int64_t reloads_prefetched = 0;
+};
+
+// `chosen` in selection order. Throws Error("[plan] internal ...") if the edits
+// would not reproduce the simulated graph (a bug, never bad input).
+OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
+                                     const analysis::ScopeRoots& scope,
+                                     const std::vector<ChosenValue>& chosen, int prefetch_regions);
+
+// The schemas a rewritten graph records for the spillway targets.
+OpSchema offload_schema();
+OpSchema reload_schema();
+OpSchema wait_schema();
+
+}  // namespace spillway::plan
