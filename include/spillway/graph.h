@@ -23,8 +23,9 @@
 //   (8) everything is representable in the JSON format: enum fields hold a
 //       declared enumerator, a symbolic dim or sym_int argument has a non-empty
 //       symbol, a concrete dim has a value, storage ids are >= 0, time_ms is
-//       finite and >= 0, kwarg names within a node and argument names within
-//       a schema are unique, every string is valid UTF-8.
+//       finite and >= 0, kwarg names within a node are unique, a schema has a
+//       non-empty namespace and unique non-empty argument names, args lists
+//       and sequence values nest at most 64 deep, every string is valid UTF-8.
 //
 // Thread-safety: none of these types synchronises; share a const Graph freely,
 // mutate it from one thread.
