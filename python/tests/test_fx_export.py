@@ -309,12 +309,25 @@ def test_cli_validates_and_plans_an_exported_graph(llama, tmp_path):
     save(graph, path)
     validate = subprocess.run([cli, "validate", path], capture_output=True, text=True)
     assert validate.returncode == 0, validate.stderr
-    plan = subprocess.run([cli, "plan", path, "--json", "--min-bytes", "65536"],
-                          capture_output=True, text=True)
-    assert plan.returncode == 0, plan.stderr
-    summary = json.loads(plan.stdout)
-    assert summary["chosen"] > 0
-    assert summary["bytes_offloaded"] >= 65536 * summary["chosen"]
+    assert f"{len(graph['nodes'])} nodes" in validate.stdout
+
+    def plan(*options):
+        run = subprocess.run([cli, "plan", path, "--json", "--min-bytes", "65536", *options],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    # The default scope (self_attn) plans and reports a decision for every value.
+    default = plan()
+    assert default["nodes"] == len(graph["nodes"])
+    assert default["scope"] == "self_attn"
+    # In a real Hugging Face Llama every large self_attn activation read by
+    # backward is a view, non-contiguous (rotary on transposed q/k, SDPA's
+    # output), or feeds the tuple-returning SDPA (mask, repeat_kv clones), so
+    # the seed rules choose none there; the MLP's activations are offloadable.
+    mlp = plan("--scope", "mlp")
+    assert mlp["chosen"] > 0
+    assert mlp["bytes_offloaded"] >= 65536 * mlp["chosen"]
 
 
 def test_get_attr_constants_and_non_finite_literals_are_exported():
