@@ -27,7 +27,15 @@ class DomBuilder {
   bool boolean(bool value) { return add(value); }
   bool number_integer(number_integer_t value) { return add(value); }
   bool number_unsigned(number_unsigned_t value) { return add(value); }
-  bool number_float(number_float_t value, const string_t& /*text*/) { return add(value); }
+  bool number_float(number_float_t value, const string_t& text) {
+    // nlohmann reads an integer literal past uint64 as a double; refuse it
+    // rather than silently turning a Python int into a float.
+    if (!frames_.empty() && text.find_first_of(".eE") == string_t::npos) {
+      throw InvalidGraph("graph", "field '" + path(/*with_next=*/true) + "': integer " + text +
+                                      " is out of the int64 range");
+    }
+    return add(value);
+  }
   bool string(string_t& value) { return add(std::move(value)); }
   bool binary(binary_t& /*value*/) { return false; }  // JSON text has no binary values
 
@@ -55,7 +63,7 @@ class DomBuilder {
       }
     }
     if (duplicate) {
-      std::string at = path();
+      std::string at = path(/*with_next=*/false);
       throw InvalidGraph("graph", (at.empty() ? "the top-level object" : "field '" + at + "'") +
                                       " has the key '" + key + "' twice");
     }
@@ -115,14 +123,19 @@ class DomBuilder {
     return pending_;
   }
 
-  // "nodes[12].kwargs": how the innermost open object is reached. Each open
-  // container's child is its last member, so nothing extra is recorded.
-  std::string path() const {
+  // "nodes[12].kwargs": how the innermost open container is reached, and with
+  // `with_next` the value about to be placed in it ("nodes[12].kwargs.alpha").
+  // Each open container's child is its last member, so nothing extra is
+  // recorded while parsing.
+  std::string path(bool with_next) const {
     std::string out;
-    for (std::size_t f = 0; f + 1 < frames_.size(); ++f) {
+    std::size_t depth = with_next ? frames_.size() : frames_.size() - 1;
+    for (std::size_t f = 0; f < depth; ++f) {
       const Json& container = *frames_[f].json;
+      bool innermost = f + 1 == frames_.size();
       if (container.is_array()) {
-        out += "[" + std::to_string(container.size() - 1) + "]";
+        // The innermost array has not received the next value yet.
+        out += "[" + std::to_string(container.size() - (innermost ? 0 : 1)) + "]";
       } else {
         if (!out.empty()) out += '.';
         out += container.get_ref<const Json::object_t&>().back().first;

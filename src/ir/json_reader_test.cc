@@ -200,6 +200,17 @@ TEST(JsonReader, RejectsNumbersOutsideInt64) {
             "[graph] nodes[2] (mm_1): field 'id': 9223372036854775808 is out of the int64 range");
   EXPECT_EQ(error_after_set("/nodes/3/args/1", "18446744073709551615"),
             "[graph] node 3 (add): field 'args[1]': 18446744073709551615 is out of the int64 range");
+  // Integer literals past uint64 (which nlohmann would read as doubles).
+  std::string text = base_document().dump();
+  text.replace(text.find(R"("alpha":1)"), 9, R"("alpha":123456789012345678901234567890)");
+  EXPECT_EQ(parse_error(text),
+            "[graph] field 'nodes[3].kwargs.alpha': integer 123456789012345678901234567890 is out "
+            "of the int64 range");
+  text = base_document().dump();
+  text.replace(text.find(R"([{"node":3}])"), 12, R"([{"node":3},-99999999999999999999])");
+  EXPECT_EQ(parse_error(text),
+            "[graph] field 'nodes[4].args[0][1]': integer -99999999999999999999 is out of the "
+            "int64 range");
   EXPECT_EQ(error_after_set("/nodes/2/value/storage", "1e30"),
             "[graph] node 2 (mm_1): field 'value.storage': expected an integer, got a non-integer "
             "number");
