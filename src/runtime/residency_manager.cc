@@ -40,7 +40,10 @@ ResidencyManager::~ResidencyManager() {
   } catch (...) {
   }
   for (auto& [id, record] : storages) {
-    if (compute) free_device(*record, compute->native());
+    // On the stream that last used it, so the free is ordered after that use.
+    free_device(*record, record->last_stream ? record->last_stream
+                         : compute            ? compute->native()
+                                              : nullptr);
   }
   if (compute) {
     try {
@@ -108,6 +111,7 @@ DeviceValue ResidencyManager::allocate(std::size_t bytes, StreamHandle compute) 
   record->data = data;
   record->bytes = bytes;
   record->owned_by_allocator = true;
+  record->last_stream = stream->native();
   std::lock_guard<std::mutex> lock(mu_);
   StorageId id = next_storage_++;
   storages_[id] = std::move(record);
@@ -137,6 +141,7 @@ HostHandle ResidencyManager::offload(StorageId storage, StreamHandle compute) {
     backend_.record(*after, *stream);  // the compute stream's current point
     TransferPtr t = engine_.submit(CopyKind::kDeviceToHost, block.data, record->data,
                                    record->bytes, /*priority=*/0, {after});
+    record->last_stream = stream->native();
     auto copy = std::make_shared<HostCopy>();
     copy->source = storage;
     copy->block = block;
@@ -243,6 +248,7 @@ DeviceValue ResidencyManager::reload(const HostHandle& handle, void* dst, Releas
   record->owned_by_allocator = own;
   record->release = std::move(release);
   record->state = StorageState::kReloading;
+  record->last_stream = stream->native();
   try {
     engine_.wait_enqueued(copy->d2h);  // its `done` is recorded: the H2D can wait on it
     engine_.poll(copy->d2h);           // a D2H known to have failed feeds nothing

@@ -61,6 +61,7 @@ class ResidencyManager {
     StorageState state = StorageState::kResident;
     TransferPtr transfer;     // the D2H out of it (kOffloading) or H2D into it (kReloading)
     std::uint64_t host = 0;   // the host copy being made (kOffloading)
+    void* last_stream = nullptr;  // native compute stream of the last call on it
   };
   struct HostCopy {
     StorageId source = kNoStorage;
