@@ -1,0 +1,285 @@
+// The edits of the offload rewrite, one test per edit kind and placement rule.
+// Every test also checks (in plan_and_check) that the rewritten graph passes
+// verify_offload_graph and that apply_edits(graph, edits) reproduces it.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "plan/plan_test_util.h"
+
+namespace spillway::plan::test {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::vector<EditKind> kinds(const Plan& plan) {
+  std::vector<EditKind> out;
+  for (const Edit& e : plan.edits) out.push_back(e.kind);
+  return out;
+}
+
+std::vector<NodeId> node_args(const Node& n) {
+  std::vector<NodeId> out;
+  n.for_each_input([&](NodeId id) { out.push_back(id); });
+  return out;
+}
+
+TEST(OffloadRewriteTest, OffloadWaitReloadWaitAndRedirect) {
+  AttentionGraph a;
+  Graph g = a.finish();
+  const TensorInfo q_info = g.nodes[2].value.tensor;
+  PlanResult r = plan_and_check(g);
+  const Plan& plan = r.plan;
+  ASSERT_THAT(kinds(plan), ElementsAre(EditKind::kOffload, EditKind::kForwardWait,
+                                       EditKind::kReload, EditKind::kBackwardWait,
+                                       EditKind::kRedirect));
+  const Edit& offload = plan.edits[0];
+  EXPECT_EQ(offload.anchor, a.q.id);
+  EXPECT_EQ(offload.placement, Placement::kAfter);
+  EXPECT_EQ(offload.node.id, 6);  // above every existing id
+  EXPECT_EQ(offload.node.name, "spillway_offload_q");
+  EXPECT_EQ(offload.node.target, kOffloadTarget);
+  EXPECT_EQ(offload.node.phase, Phase::kForward);
+  EXPECT_EQ(offload.node.module_stack, g.nodes[2].module_stack);
+  EXPECT_THAT(node_args(offload.node), ElementsAre(a.q.id));
+  EXPECT_EQ(offload.node.value.tensor.device, "cpu");
+  EXPECT_EQ(offload.node.value.tensor.sizes, q_info.sizes);
+  EXPECT_NE(offload.node.value.tensor.storage, q_info.storage);
+
+  const Edit& forward_wait = plan.edits[1];
+  EXPECT_EQ(forward_wait.anchor, a.relu.id);  // the last forward use
+  EXPECT_EQ(forward_wait.placement, Placement::kAfter);
+  EXPECT_EQ(forward_wait.node.target, kWaitTarget);
+  EXPECT_THAT(node_args(forward_wait.node), ElementsAre(offload.node.id, a.q.id, a.relu.id));
+  EXPECT_EQ(forward_wait.node.value, offload.node.value);
+
+  const Edit& reload = plan.edits[2];
+  EXPECT_EQ(reload.anchor, a.grad.id);
+  EXPECT_EQ(reload.placement, Placement::kBefore);
+  EXPECT_EQ(reload.node.target, kReloadTarget);
+  EXPECT_EQ(reload.node.phase, Phase::kBackward);
+  ASSERT_EQ(reload.node.args.size(), 2u);
+  EXPECT_EQ(reload.node.args[0], Arg::of_node(forward_wait.node.id));
+  EXPECT_EQ(reload.node.args[1], Arg::of_string("cuda:0"));
+  EXPECT_EQ(reload.node.value.tensor.device, "cuda:0");
+  EXPECT_NE(reload.node.value.tensor.storage, q_info.storage);
+  EXPECT_NE(reload.node.value.tensor.storage, offload.node.value.tensor.storage);
+
+  const Edit& backward_wait = plan.edits[3];
+  EXPECT_EQ(backward_wait.anchor, a.grad.id);
+  EXPECT_THAT(node_args(backward_wait.node), ElementsAre(reload.node.id, forward_wait.node.id));
+  EXPECT_EQ(backward_wait.node.value, reload.node.value);
+
+  const Edit& redirect = plan.edits[4];
+  EXPECT_EQ(redirect.reader, a.grad.id);
+  EXPECT_EQ(redirect.from, a.q.id);
+  EXPECT_EQ(redirect.to, backward_wait.node.id);
+
+  std::vector<std::string> names;
+  for (const Node& n : r.graph.nodes) names.push_back(n.name);
+  EXPECT_THAT(names, ElementsAre("x", "w", "q", "spillway_offload_q", "relu",
+                                 "spillway_wait_offload_q", "spillway_reload_q",
+                                 "spillway_wait_reload_q", "grad", "output"));
+  EXPECT_THAT(node_args(node_named(r.graph, "grad")), ElementsAre(backward_wait.node.id, a.w.id));
+  EXPECT_EQ(r.graph.ops.at(std::string(kWaitTarget)).ns, "spillway");
+  EXPECT_FALSE(r.graph.ops.at(std::string(kReloadTarget)).is_mutable);
+  EXPECT_FALSE(r.graph.ops.at(std::string(kOffloadTarget)).is_view);
+
+  ASSERT_EQ(plan.offloads.size(), 1u);
+  const Offload& o = plan.offloads[0];
+  EXPECT_EQ(o.producer, a.q.id);
+  EXPECT_EQ(o.bytes, 2 * kMiB);
+  EXPECT_EQ(o.last_forward_use, a.relu.id);
+  EXPECT_EQ(o.first_backward_reader, a.grad.id);
+  EXPECT_EQ(o.offload_node, offload.node.id);
+  EXPECT_EQ(o.forward_wait_node, forward_wait.node.id);
+  EXPECT_EQ(o.reload_node, reload.node.id);
+  EXPECT_EQ(o.backward_wait_node, backward_wait.node.id);
+  EXPECT_FALSE(o.prefetched);
+}
+
+TEST(OffloadRewriteTest, ProducerThatIsItsOwnLastUseWaitsAfterTheOffload) {
+  AttentionGraph a;
+  Graph g = a.finish();
+  g.nodes[static_cast<std::size_t>(a.relu.id)].args[0] = Arg::of_node(a.x.id);
+  PlanResult r = plan_and_check(g);
+  const Edit& forward_wait = r.plan.edits[1];
+  EXPECT_EQ(forward_wait.anchor, r.plan.edits[0].node.id);
+  EXPECT_THAT(node_args(forward_wait.node),
+              ElementsAre(r.plan.edits[0].node.id, a.q.id, a.q.id));
+  EXPECT_EQ(position_of(r.graph, forward_wait.node.id), position_of(r.graph, a.q.id) + 2);
+}
+
+// Two candidates last used by the same node and first read by the same
+// backward node. FX inserts "after L" right after L, so the second forward wait
+// lands before the first; all forward waits precede every reload.
+TEST(OffloadRewriteTest, SharedAnchorsFollowTheReferenceInsertionOrder) {
+  GraphBuilder b("two");
+  auto x = b.input("x", two_mib());
+  b.within("model.layers.0.self_attn");
+  auto small = b.named("small").call("aten.neg.default", {x}, two_mib());
+  auto big = b.named("big").call("aten.cat.default", {x, x}, GraphBuilder::tensor({2048, 1024}));
+  auto last = b.named("last").call("aten.add.Tensor", {small, big}, two_mib());
+  b.backward();
+  auto grad = b.named("grad").call("aten.mul.Tensor", {big, small}, two_mib());
+  b.output({last, grad});
+  Graph g = b.build();
+  PlanResult r = plan_and_check(g);
+  ASSERT_EQ(r.plan.offloads.size(), 2u);
+  EXPECT_EQ(r.plan.offloads[0].producer, big.id);  // largest first
+  EXPECT_EQ(r.plan.offloads[1].producer, small.id);
+  EXPECT_THAT(kinds(r.plan),
+              ElementsAre(EditKind::kOffload, EditKind::kForwardWait, EditKind::kOffload,
+                          EditKind::kForwardWait, EditKind::kReload, EditKind::kBackwardWait,
+                          EditKind::kRedirect, EditKind::kReload, EditKind::kBackwardWait,
+                          EditKind::kRedirect));
+  std::vector<std::string> names;
+  for (const Node& n : r.graph.nodes) names.push_back(n.name);
+  EXPECT_THAT(names, ElementsAre("x", "small", "spillway_offload_small", "big",
+                                 "spillway_offload_big", "last", "spillway_wait_offload_small",
+                                 "spillway_wait_offload_big", "spillway_reload_big",
+                                 "spillway_wait_reload_big", "spillway_reload_small",
+                                 "spillway_wait_reload_small", "grad", "output"));
+  EXPECT_THAT(node_args(node_named(r.graph, "grad")),
+              ElementsAre(r.plan.offloads[0].backward_wait_node,
+                          r.plan.offloads[1].backward_wait_node));
+}
+
+TEST(OffloadRewriteTest, BackwardReaderOfATransposeReadsAReplayedView) {
+  AttentionGraph a;
+  a.b.within("model.layers.0.self_attn.inner");
+  auto t = a.b.named("qt").view("aten.t.default", a.q, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
+  auto tt = a.b.named("qtu").view("aten.unsqueeze.default", t,
+                                  GraphBuilder::tensor({1, 1024, 1024}, {1024 * 1024, 1, 1024}),
+                                  {spillway::testing::lit(0)});
+  auto flat = a.b.named("flat").view("aten.view.default", a.q, GraphBuilder::tensor({1 << 20}));
+  a.b.module({});
+  a.b.call("aten.sum.default", {flat}, GraphBuilder::tensor({}));  // forward only
+  a.add_grad();
+  auto via_t = a.b.named("via_t").call("aten.mm.default", {t, a.w}, two_mib());
+  auto via_tt = a.b.named("via_tt").call("aten.neg.default", {tt}, GraphBuilder::tensor({1, 1024, 1024}));
+  Graph g = a.finish();
+  PlanResult r = plan_and_check(g);
+  ASSERT_EQ(r.plan.offloads.size(), 1u);
+  const Offload& o = r.plan.offloads[0];
+  std::vector<const Edit*> replays;
+  for (const Edit& e : r.plan.edits) {
+    if (e.kind == EditKind::kReplayView) replays.push_back(&e);
+  }
+  ASSERT_EQ(replays.size(), 2u);  // qt and qtu; the forward-only view is not replayed
+  const Node& replay_t = replays[0]->node;
+  EXPECT_EQ(replay_t.target, "aten.t.default");
+  EXPECT_EQ(replay_t.phase, Phase::kBackward);
+  EXPECT_EQ(replay_t.module_stack, g.nodes[static_cast<std::size_t>(t.id)].module_stack);
+  EXPECT_THAT(node_args(replay_t), ElementsAre(o.backward_wait_node));
+  EXPECT_EQ(replays[0]->anchor, a.grad.id);  // before the first backward reader
+  EXPECT_EQ(replays[0]->placement, Placement::kBefore);
+  const Node& reload = node_with_id(r.graph, o.reload_node);
+  EXPECT_EQ(replay_t.value.tensor.storage, reload.value.tensor.storage);
+  EXPECT_EQ(replay_t.value.tensor.strides, g.nodes[static_cast<std::size_t>(t.id)].value.tensor.strides);
+  const Node& replay_tt = replays[1]->node;
+  EXPECT_EQ(replay_tt.target, "aten.unsqueeze.default");
+  EXPECT_EQ(replay_tt.args[0], Arg::of_node(replay_t.id));
+  EXPECT_EQ(replay_tt.args[1], spillway::testing::lit(0));
+  EXPECT_THAT(node_args(node_with_id(r.graph, via_t.id)), ElementsAre(replay_t.id, a.w.id));
+  EXPECT_THAT(node_args(node_with_id(r.graph, via_tt.id)), ElementsAre(replay_tt.id));
+  // The forward views are untouched and still read the producer.
+  EXPECT_THAT(node_args(node_with_id(r.graph, t.id)), ElementsAre(a.q.id));
+  (void)flat;
+}
+
+// Layers in forward, backward in reverse order with an MLP node between
+// regions. With `reader_opens_region` the saved value's reader is the first
+// node of its backward region; otherwise another node opens the region.
+struct LayeredGraph {
+  GraphBuilder b{"layers"};
+  std::vector<NodeRef> q, grad, opener;
+  explicit LayeredGraph(std::vector<std::string> roots, bool reader_opens_region = true) {
+    auto x = b.input("x", two_mib());
+    for (std::size_t i = 0; i < roots.size(); ++i) {
+      b.within(roots[i]);
+      q.push_back(b.named("q" + std::to_string(i)).call("aten.mm.default", {x, x}, two_mib()));
+      b.named("use" + std::to_string(i)).call("aten.relu.default", {q.back()}, two_mib());
+    }
+    b.backward();
+    grad.resize(roots.size());
+    opener.resize(roots.size());
+    for (std::size_t i = roots.size(); i-- > 0;) {
+      b.within(roots[i]);
+      if (!reader_opens_region) opener[i] = b.call("aten.neg.default", {x}, two_mib());
+      grad[i] = b.named("grad" + std::to_string(i)).call("aten.mm.default", {q[i], x}, two_mib());
+      b.call("aten.neg.default", {grad[i]}, two_mib());
+      b.within("model.mlp");
+      b.call("aten.neg.default", {grad[i]}, two_mib());
+    }
+    b.module({});
+    b.output({grad[0]});
+  }
+};
+
+TEST(OffloadRewriteTest, ReloadsArePrefetchedRegionsEarlier) {
+  LayeredGraph l({"m.layers.0.self_attn", "m.layers.1.self_attn", "m.layers.2.self_attn"});
+  Graph g = l.b.build();
+  for (int regions : {0, 1, 2}) {
+    ActivationPlanOptions options;
+    options.prefetch_regions = regions;
+    PlanResult r = plan_and_check(g, options);
+    ASSERT_EQ(r.plan.offloads.size(), 3u);
+    std::map<NodeId, const Offload*> by_producer;
+    for (const Offload& o : r.plan.offloads) by_producer[o.producer] = &o;
+    auto reload_at = [&](int layer) {
+      return position_of(r.graph, by_producer.at(l.q[static_cast<std::size_t>(layer)].id)->reload_node);
+    };
+    auto grad_at = [&](int layer) { return position_of(r.graph, l.grad[static_cast<std::size_t>(layer)].id); };
+    // Backward regions run layer 2, 1, 0; region k starts at grad of layer 2-k.
+    for (int layer = 0; layer < 3; ++layer) {
+      const int region = 2 - layer;
+      const int target = std::max(0, region - regions);
+      const int target_layer = 2 - target;
+      const bool moved = target != region;
+      SCOPED_TRACE("prefetch " + std::to_string(regions) + ", layer " + std::to_string(layer));
+      EXPECT_EQ(by_producer.at(l.q[static_cast<std::size_t>(layer)].id)->prefetched, moved);
+      EXPECT_LT(reload_at(layer), grad_at(target_layer));
+      if (moved) EXPECT_GT(reload_at(layer), grad_at(target_layer) - 4);  // just before it
+    }
+    EXPECT_EQ(r.plan.reloads_prefetched, regions == 0 ? 0 : (regions == 1 ? 2 : 2));
+  }
+}
+
+TEST(OffloadRewriteTest, ReusedModuleMapsEachOccurrenceToItsOwnRegion) {
+  // Layers 0 and 2 share one module path (tied weights); layer 1 is its own.
+  // Backward regions: shared (layer 2), other (layer 1), shared (layer 0).
+  LayeredGraph l({"m.shared.self_attn", "m.other.self_attn", "m.shared.self_attn"},
+                 /*reader_opens_region=*/false);
+  Graph g = l.b.build();
+  PlanResult r = plan_and_check(g);
+  std::map<NodeId, const Offload*> by_producer;
+  for (const Offload& o : r.plan.offloads) by_producer[o.producer] = &o;
+  // Layer 0's reload sits inside the last region (the second occurrence of the
+  // shared module), so one region earlier is layer 1's region; mapping by name
+  // to the first occurrence would have moved it before layer 2's region.
+  const Offload& layer0 = *by_producer.at(l.q[0].id);
+  const std::size_t reload0 = position_of(r.graph, layer0.reload_node);
+  EXPECT_TRUE(layer0.prefetched);
+  EXPECT_EQ(reload0 + 1, position_of(r.graph, l.opener[1].id));
+}
+
+// The reference locates a reload's region among the regions that start at or
+// before it. A reload inserted just before its reader that opens the region
+// is not yet inside it: for a reused module it counts from the previous
+// occurrence (kept as the reference does it).
+TEST(OffloadRewriteTest, ReloadBeforeItsRegionCountsFromThePreviousOccurrence) {
+  LayeredGraph l({"m.shared.self_attn", "m.other.self_attn", "m.shared.self_attn"},
+                 /*reader_opens_region=*/true);
+  Graph g = l.b.build();
+  PlanResult r = plan_and_check(g);
+  std::map<NodeId, const Offload*> by_producer;
+  for (const Offload& o : r.plan.offloads) by_producer[o.producer] = &o;
+  const Offload& layer0 = *by_producer.at(l.q[0].id);
+  EXPECT_TRUE(layer0.prefetched);
+  // Region of the first occurrence (layer 2's), minus one, clamps to it.
+  EXPECT_LT(position_of(r.graph, layer0.reload_node), position_of(r.graph, l.grad[2].id));
+}
+
+}  // namespace
+}  // namespace spillway::plan::test
