@@ -131,9 +131,13 @@ TEST_F(CliTest, PlanPrintsReadableSummary) {
   // The table names the chosen values with shape and dtype.
   EXPECT_NE(run_result.out.find("relu_1"), std::string::npos);
   EXPECT_NE(run_result.out.find("[4096, 256]"), std::string::npos);
-  // The mlp activations are large but skipped, and the summary says why.
-  EXPECT_NE(run_result.out.find("not chosen: 2"), std::string::npos) << run_result.out;
-  EXPECT_NE(run_result.out.find("mm_1"), std::string::npos) << run_result.out;
+  // The input and the mlp activations are large but out of scope, and the
+  // summary says so.
+  EXPECT_NE(run_result.out.find("not chosen: 3"), std::string::npos) << run_result.out;
+  EXPECT_NE(run_result.out.find("3 x " + std::string(to_string(Rule::kOutOfScope))),
+            std::string::npos)
+      << run_result.out;
+  EXPECT_NE(run_result.out.find("e.g. mm_1 (4.00 MiB)"), std::string::npos) << run_result.out;
 }
 
 TEST_F(CliTest, JsonSummaryIsParseableAndCountsMatch) {
@@ -278,7 +282,9 @@ TEST_F(CliTest, DefaultGraphIsPlannedOrReportedMissing) {
   const CliRun run_result = run("plan --json");
   if (fs::exists(default_graph)) {
     ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
-    EXPECT_GT(nlohmann::json::parse(run_result.out).at("chosen").get<int>(), 0);
+    const nlohmann::json summary = nlohmann::json::parse(run_result.out);
+    EXPECT_GT(summary.at("nodes").get<int>(), 0);
+    EXPECT_NE(summary.at("graph").get<std::string>().find("llama3-8b"), std::string::npos);
   } else {
     EXPECT_EQ(run_result.exit_code, 3);
     EXPECT_NE(run_result.err.find("llama3-8b-s8192.json.zst"), std::string::npos)

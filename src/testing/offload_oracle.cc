@@ -258,7 +258,9 @@ std::vector<std::string> check_offload_plan(const Graph& original,
     } else {
       for (std::size_t i = 0; i < rewritten.nodes.size(); ++i) {
         const Node& reader = rewritten.nodes[i];
-        if (reader.phase != Phase::kForward || i == wait->second) continue;
+        // Transfer nodes pin or move memory and never compute on it: another
+        // value's forward wait may name this one as its last-use token.
+        if (reader.phase != Phase::kForward || reader.target.rfind("spillway.", 0) == 0) continue;
         for (NodeId id : inputs_of(reader)) {
           if (group_ids.count(id) && original_index.count(id) &&
               original.nodes[original_index.at(id)].phase == Phase::kForward && i > wait->second) {

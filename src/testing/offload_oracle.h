@@ -41,7 +41,8 @@ bool in_scope(const Node& node, const std::string& scope);
 //   * bytes add up, and stay within a positive host budget;
 //   * no backward node of the rewritten graph reads an offloaded value or a
 //     forward alias of it;
-//   * each forward wait comes after every forward reader of its storage group;
+//   * each forward wait comes after every forward reader (other than the
+//     inserted spillway.* transfer nodes) of its storage group;
 //   * mode kNone changes nothing.
 std::vector<std::string> check_offload_plan(const Graph& original,
                                             const ActivationPlanOptions& options,
