@@ -67,7 +67,10 @@ class DomBuilder {
       throw InvalidGraph("graph", (at.empty() ? "the top-level object" : "field '" + at + "'") +
                                       " has the key '" + key + "' twice");
     }
-    pending_ = &members.emplace(std::move(key), nullptr).first->second;
+    // Append without ordered_map::emplace's own linear search: the key is new.
+    auto& slots = static_cast<Json::object_t::Container&>(members);
+    slots.emplace_back(std::move(key), nullptr);
+    pending_ = &slots.back().second;
     return true;
   }
 

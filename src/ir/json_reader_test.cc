@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -449,6 +450,32 @@ TEST(JsonReader, RejectsDuplicateKeysInLargeObjects) {
   EXPECT_EQ(parse_error(text), "");
   text.replace(text.find(R"("key39":"v")"), 11, R"("key39":"v","key7":"w")");
   EXPECT_EQ(parse_error(text), "[graph] field 'metadata' has the key 'key7' twice");
+}
+
+TEST(JsonReader, WideObjectsAndSchemasCostLinearTime) {
+  // 100k kwargs on one node and a 100k-argument schema: a quadratic duplicate
+  // or schema check would take minutes here, a linear one well under a second.
+  constexpr int kWide = 100000;
+  // Spliced as text: building a wide ordered_json is itself quadratic.
+  std::string wide_kwargs, wide_arguments;
+  for (int i = 0; i < kWide; ++i) {
+    std::string name = "\"k" + std::to_string(i) + "\"";
+    wide_kwargs += "," + name + ":" + std::to_string(i);
+    wide_arguments += R"(,{"name":)" + name + R"(,"kwarg_only":true})";
+  }
+  std::string text = base_document().dump();
+  const std::string alpha_argument = R"({"name":"alpha","kwarg_only":true})";
+  const std::string alpha_kwarg = R"("alpha":1)";
+  text.insert(text.find(alpha_argument) + alpha_argument.size(), wide_arguments);
+  text.insert(text.find(alpha_kwarg) + alpha_kwarg.size(), wide_kwargs);
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(parse_error(text), "");
+  std::string duplicate = text;
+  duplicate.replace(duplicate.find(R"("k99999":99999)"), 14, R"("k99999":99999,"k5":0)");
+  EXPECT_EQ(parse_error(duplicate), "[graph] field 'nodes[3].kwargs' has the key 'k5' twice");
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 20.0);
 }
 
 TEST(JsonReader, RejectsNestingBeyondTheLimit) {

@@ -128,7 +128,9 @@ Json node_json(const Node& node) {
   for (const Arg& arg : node.args) args.push_back(arg_json(arg));
   out["args"] = std::move(args);
   Json kwargs = Json::object();
-  for (const auto& [key, arg] : node.kwargs) kwargs[key] = arg_json(arg);
+  // Keys are unique (verified), so append rather than let ordered_map search.
+  auto& kwarg_slots = static_cast<Json::object_t::Container&>(kwargs.get_ref<Json::object_t&>());
+  for (const auto& [key, arg] : node.kwargs) kwarg_slots.emplace_back(key, arg_json(arg));
   out["kwargs"] = std::move(kwargs);
   out["phase"] = to_string(node.phase);
   out["module_stack"] = node.module_stack;
@@ -174,7 +176,9 @@ std::string write_graph(const Graph& graph, bool pretty) {
   append_string(out, graph.name);
   field("metadata");
   Json metadata = Json::object();
-  for (const auto& [key, value] : graph.metadata) metadata[key] = value;
+  auto& metadata_slots =
+      static_cast<Json::object_t::Container&>(metadata.get_ref<Json::object_t&>());
+  for (const auto& [key, value] : graph.metadata) metadata_slots.emplace_back(key, value);
   out += metadata.dump();
 
   field("ops");

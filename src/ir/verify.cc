@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ir/field_path.h"
 #include "spillway/graph.h"
@@ -50,6 +51,8 @@ class Verifier {
     const std::string where = "op " + in_quotes(target);
     check_text(schema.ns, where, FieldPath("namespace"));
     if (schema.ns.empty()) ir::fail_at(where, FieldPath("namespace"), " is empty");
+    SchemaIndex& index = schemas_[&schema];
+    index.names.reserve(schema.arguments.size());
     FieldPath arguments = FieldPath("arguments");
     for (std::size_t a = 0; a < schema.arguments.size(); ++a) {
       FieldPath argument = arguments.index(a);
@@ -57,13 +60,13 @@ class Verifier {
       const std::string& arg_name = schema.arguments[a].name;
       check_text(arg_name, where, name);
       if (arg_name.empty()) ir::fail_at(where, name, " is empty");
-      for (std::size_t b = 0; b < a; ++b) {
-        if (schema.arguments[b].name == arg_name) {
-          ir::fail_at(where, name,
-                      ": duplicate argument name " + in_quotes(arg_name) + " (also arguments[" +
-                          std::to_string(b) + "])");
-        }
+      auto [first, inserted] = index.names.emplace(arg_name, a);
+      if (!inserted) {
+        ir::fail_at(where, name,
+                    ": duplicate argument name " + in_quotes(arg_name) + " (also arguments[" +
+                        std::to_string(first->second) + "])");
       }
+      if (!schema.arguments[a].kwarg_only) ++index.positional;
     }
   }
 
@@ -123,14 +126,20 @@ class Verifier {
       check_arg(node, position, where, node.args[a], args.index(a), 0);
     }
     FieldPath kwargs = root.field("kwargs");
+    // Kwargs are few; a hash set only for the rare node with many, so the
+    // duplicate check stays linear.
+    constexpr std::size_t kScanLimit = 16;
+    std::unordered_set<std::string_view> kwarg_names;
     for (std::size_t k = 0; k < node.kwargs.size(); ++k) {
       const auto& [key, arg] = node.kwargs[k];
       check_text(key, where, kwargs);
-      for (std::size_t j = 0; j < k; ++j) {
-        if (node.kwargs[j].first == key) {
-          ir::fail_at(where, kwargs.field(key), ": duplicate keyword argument");
-        }
+      bool duplicate = false;
+      if (node.kwargs.size() <= kScanLimit) {
+        for (std::size_t j = 0; j < k && !duplicate; ++j) duplicate = node.kwargs[j].first == key;
+      } else {
+        duplicate = !kwarg_names.insert(key).second;
       }
+      if (duplicate) ir::fail_at(where, kwargs.field(key), ": duplicate keyword argument");
       check_arg(node, position, where, arg, kwargs.field(key), 0);
     }
     check_schema_use(node, where);
@@ -201,25 +210,15 @@ class Verifier {
   void check_schema_use(const Node& node, const std::string& where) {
     const OpSchema* schema = graph_.schema_of(node);
     if (schema == nullptr) return;
-    std::size_t positional = 0;
-    for (const OpArgument& argument : schema->arguments) {
-      if (!argument.kwarg_only) ++positional;
-    }
-    if (node.args.size() > positional) {
+    const SchemaIndex& index = schemas_.at(schema);
+    if (node.args.size() > index.positional) {
       ir::fail_at(where, FieldPath("args"),
                   ": " + std::to_string(node.args.size()) + " positional arguments, but the " +
                       "schema of " + in_quotes(node.target) + " takes at most " +
-                      std::to_string(positional));
+                      std::to_string(index.positional));
     }
     for (const auto& [key, arg] : node.kwargs) {
-      bool named = false;
-      for (const OpArgument& argument : schema->arguments) {
-        if (argument.name == key) {
-          named = true;
-          break;
-        }
-      }
-      if (!named) {
+      if (index.names.find(key) == index.names.end()) {
         FieldPath kwargs("kwargs");
         ir::fail_at(where, kwargs.field(key),
                     ": the schema of " + in_quotes(node.target) + " has no argument " + in_quotes(key));
@@ -298,8 +297,15 @@ class Verifier {
                 ": undeclared ValueKind " + std::to_string(static_cast<int>(value.kind)));
   }
 
+  // What invariant (6) needs of a schema, built once per op.
+  struct SchemaIndex {
+    std::size_t positional = 0;                              // non-kwarg-only arguments
+    std::unordered_map<std::string_view, std::size_t> names;  // argument name -> position
+  };
+
   const Graph& graph_;
   std::unordered_map<NodeId, std::size_t> position_;  // node id -> index in nodes
+  std::unordered_map<const OpSchema*, SchemaIndex> schemas_;
 };
 
 }  // namespace
