@@ -269,7 +269,7 @@ def test_shipped_graphs_load_and_match_the_readme():
     rows = _readme_rows()
     assert set(rows) == {p.name for p in GRAPHS.glob("*.json.zst")}
     assert {"llama-tiny.json.zst", "gpt2-tiny.json.zst", "llama3-8b-s8192.json.zst",
-            "llama-tiny-dynamic.json.zst"} <= set(rows)
+            "llama-tiny-dynamic.json.zst", "llama3-8b-s8192-cuda.json.zst"} <= set(rows)
     for name, cells in rows.items():
         graph = load(GRAPHS / name)
         check_graph(graph)
@@ -280,13 +280,17 @@ def test_shipped_graphs_load_and_match_the_readme():
         assert graph["metadata"]["torch"] in (GRAPHS / "README.md").read_text()
 
 
-def test_shipped_llama3_8b_has_real_shapes():
-    graph = load(GRAPHS / "llama3-8b-s8192.json.zst")
-    attention = [n for n in graph["nodes"]
-                 if n["target"] == "aten._scaled_dot_product_flash_attention_for_cpu.default"]
+@pytest.mark.parametrize("name, attention_op, device", [
+    ("llama3-8b-s8192.json.zst", "aten._scaled_dot_product_flash_attention_for_cpu.default", "cpu"),
+    ("llama3-8b-s8192-cuda.json.zst", "aten._scaled_dot_product_cudnn_attention.default", "cuda:0"),
+])
+def test_shipped_llama3_8b_has_real_shapes(name, attention_op, device):
+    graph = load(GRAPHS / name)
+    attention = [n for n in graph["nodes"] if n["target"] == attention_op]
     assert len(attention) == 32
     output = attention[0]["value"]["elements"][0]
     assert output["sizes"] == [1, 32, 8192, 128] and output["dtype"] == "bfloat16"
+    assert output["device"] == device
     assert {m for n in graph["nodes"] for m in n["module_stack"] if m.endswith("self_attn")} == {
         f"model.layers.{i}.self_attn" for i in range(32)}
 

@@ -23,10 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output path (.json or .json.zst)")
     parser.add_argument("--seq", type=int, help="sequence length (preset default if unset)")
     parser.add_argument("--batch", type=int, help="batch size (preset default if unset)")
+    parser.add_argument("--device", help="device of the fake tensors (llama3-8b only; cuda needs a GPU)")
     parser.add_argument("--decompositions", choices=["none", "inductor"], default="none")
     args = parser.parse_args(argv)
 
-    overrides = {k: v for k, v in (("seq", args.seq), ("batch", args.batch)) if v is not None}
+    overrides = {k: v for k, v in (("seq", args.seq), ("batch", args.batch), ("device", args.device)) if v is not None}
     start = time.monotonic()
     preset = PRESETS[args.model](**overrides)
     graph = export_joint_graph(

@@ -81,6 +81,7 @@ _GPT2_KEYS = ("vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positio
 def _llama(
     *, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int,
     batch: int, seq: int, dtype: torch.dtype, fake: bool, dynamic: bool, tie: bool,
+    device: str = "cpu",
 ) -> Preset:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -90,18 +91,20 @@ def _llama(
         max_position_embeddings=max(seq, 2048), attn_implementation="sdpa",
         use_cache=False, tie_word_embeddings=tie,
     )
-    return _causal_lm(LlamaForCausalLM, config, _LLAMA_KEYS, batch, seq, dtype, fake, dynamic)
+    return _causal_lm(LlamaForCausalLM, config, _LLAMA_KEYS, batch, seq, dtype, fake, dynamic, device)
 
 
-def _causal_lm(cls, config, keys, batch, seq, dtype, fake, dynamic) -> Preset:
+def _causal_lm(cls, config, keys, batch, seq, dtype, fake, dynamic, device="cpu") -> Preset:
+    if device != "cpu" and not fake:
+        raise ValueError(f"[fx_export] device '{device}' needs a fake-tensor preset")
     torch.manual_seed(0)
     fake_mode = FakeTensorMode() if fake else None
     with _default_dtype(dtype), (torch.device("meta") if fake else contextlib.nullcontext()):
         model = cls(config)
     if fake:
-        fakeify(model, fake_mode)
+        fakeify(model, fake_mode, device)
         with fake_mode:
-            input_ids = torch.randint(0, config.vocab_size, (batch, seq))
+            input_ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
     else:
         input_ids = torch.randint(0, config.vocab_size, (batch, seq))
     model.train()
@@ -117,9 +120,13 @@ def _causal_lm(cls, config, keys, batch, seq, dtype, fake, dynamic) -> Preset:
         "seq": str(seq),
         "dtype": str(dtype).removeprefix("torch."),
         "fake_tensors": "true" if fake else "false",
+        "device": device,
         "dynamic": "input_ids dim 1" if dynamic else "none",
         "loss": "cross_entropy(logits, labels=input_ids), Hugging Face shift",
     }
+    if device.startswith("cuda"):
+        # SDPA picks its kernel from the GPU's capabilities.
+        metadata["gpu"] = torch.cuda.get_device_name()
     return Preset(model, _causal_lm_step(model), (input_ids,), ((0, 1),) if dynamic else (), metadata)
 
 
@@ -128,9 +135,12 @@ def llama_tiny(*, seq: int = 256, batch: int = 2, dynamic: bool = False) -> Pres
                   seq=seq, dtype=torch.float32, fake=False, dynamic=dynamic, tie=False)
 
 
-def llama3_8b(*, seq: int = 8192, batch: int = 1, dynamic: bool = False) -> Preset:
+def llama3_8b(*, seq: int = 8192, batch: int = 1, dynamic: bool = False, device: str = "cpu") -> Preset:
+    """Fake tensors on `device`. "cuda" needs a CUDA build of torch and a visible GPU
+    (dynamo's device guards call the CUDA runtime even for fake tensors)."""
     return _llama(hidden=4096, layers=32, heads=32, kv_heads=8, mlp=14336, vocab=128256,
-                  batch=batch, seq=seq, dtype=torch.bfloat16, fake=True, dynamic=dynamic, tie=False)
+                  batch=batch, seq=seq, dtype=torch.bfloat16, fake=True, dynamic=dynamic, tie=False,
+                  device=device)
 
 
 def gpt2_tiny(*, seq: int = 256, batch: int = 2, dynamic: bool = False) -> Preset:
