@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include <unistd.h>
 #include <zstd.h>
 
 #include "spillway/error.h"
@@ -40,17 +41,22 @@ std::string read_file(const std::string& path) {
   return data;
 }
 
+// Writes a sibling temporary file and renames it over `path`, so a reader
+// never sees a half-written graph and a failed save leaves the old file.
 void write_file(const std::string& path, const std::string& data) {
-  File file(std::fopen(path.c_str(), "wb"));
+  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
+  auto fail = [&](int error) {
+    std::remove(temporary.c_str());
+    throw Error("graph", "cannot write '" + path + "': " + std::strerror(error));
+  };
+  File file(std::fopen(temporary.c_str(), "wb"));
   if (!file) throw Error("graph", "cannot write '" + path + "': " + std::strerror(errno));
   if (std::fwrite(data.data(), 1, data.size(), file.get()) != data.size() ||
       std::fflush(file.get()) != 0) {
-    throw Error("graph", "cannot write '" + path + "': " + std::strerror(errno));
+    fail(errno);
   }
-  std::FILE* raw = file.release();
-  if (std::fclose(raw) != 0) {
-    throw Error("graph", "cannot write '" + path + "': " + std::strerror(errno));
-  }
+  if (std::fclose(file.release()) != 0) fail(errno);
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail(errno);
 }
 
 struct DctxFree {

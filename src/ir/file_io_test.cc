@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <zstd.h>
 
@@ -155,6 +157,21 @@ TEST_F(FileIo, UnwritablePathIsAnErrorNamingIt) {
     EXPECT_EQ(std::string(e.what()),
               "[graph] cannot write '" + target + "': No such file or directory");
   }
+}
+
+TEST_F(FileIo, FailedSaveLeavesTheOldFileAndNoTemporary) {
+  Graph g = rich_graph();
+  save_graph(g, path("g.json"));
+  fs::create_directory(path("dir.json"));  // rename() cannot replace a directory
+  EXPECT_THROW(save_graph(g, path("dir.json")), Error);
+  save_graph(g, path("g.json"));  // overwriting works
+  EXPECT_EQ(load_graph(path("g.json")), g);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"dir.json", "g.json"}));
 }
 
 TEST_F(FileIo, CorruptZstdIsAnInvalidGraphNamingTheFile) {
