@@ -62,6 +62,28 @@ class CudaEvent final : public Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Makes `device` current for a scope and restores the caller's device, so
+// calls from a framework thread do not change its current device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) SPILLWAY_CUDA_CHECK(cudaSetDevice(device));
+    else previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) {
+      log_on_failure("restoring the current device",
+                     [&] { SPILLWAY_CUDA_CHECK(cudaSetDevice(previous_)); });
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 cudaStream_t as_cuda(Stream& s) { return static_cast<cudaStream_t>(s.native()); }
 cudaEvent_t as_cuda(Event& e) { return static_cast<CudaEvent&>(e).get(); }
 
@@ -79,13 +101,12 @@ class CudaBackend final : public Backend, public DeviceAllocator {
       throw InvalidArgument("cuda", "device " + std::to_string(device) + " does not exist (" +
                                         std::to_string(count) + " visible)");
     }
-    SPILLWAY_CUDA_CHECK(cudaSetDevice(device_));
   }
 
   std::string_view name() const override { return "cuda"; }
 
   std::unique_ptr<Stream> create_stream(FakeControls::Role) override {
-    bind_thread();
+    DeviceGuard guard(device_);
     cudaStream_t s = nullptr;
     SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return std::make_unique<CudaStream>(s, true);
@@ -95,7 +116,7 @@ class CudaBackend final : public Backend, public DeviceAllocator {
   }
 
   std::unique_ptr<Event> create_event() override {
-    bind_thread();
+    DeviceGuard guard(device_);
     return std::make_unique<CudaEvent>();
   }
   void record(Event& event, Stream& stream) override {
@@ -130,7 +151,7 @@ class CudaBackend final : public Backend, public DeviceAllocator {
 
   void* allocate_pinned(std::size_t bytes, int numa_node, int* placed_node) override {
     if (placed_node) *placed_node = -1;
-    bind_thread();
+    DeviceGuard guard(device_);
 #if defined(SPILLWAY_HAVE_NUMA)
     if (numa_node >= 0 && numa_available() >= 0) {
       void* p = numa_alloc_onnode(bytes, numa_node);
@@ -193,7 +214,7 @@ class CudaBackend final : public Backend, public DeviceAllocator {
   DeviceAllocator& default_allocator() override { return *this; }
 
   void* allocate(std::size_t bytes, void* stream) override {
-    bind_thread();
+    DeviceGuard guard(device_);
     void* p = nullptr;
     try {
       SPILLWAY_CUDA_CHECK(
