@@ -14,12 +14,11 @@ std::vector<NodeId> AliasChain::all_backward_readers() const {
   return readers;
 }
 
-bool is_alias(const Graph& graph, const Node& user, const Node& current) {
-  return is_view_op(graph, user) || shares_storage(user, current);
+bool is_alias(const GraphIndex& index, const Node& user, const Node& current) {
+  return is_view_op(index, user) || shares_storage(user, current);
 }
 
 AliasChain trace_alias_chain(const GraphIndex& index, NodeId producer) {
-  const Graph& graph = index.graph();
   AliasChain chain;
   chain.producer = producer;
   for (NodeId user : index.users(producer)) {
@@ -36,7 +35,7 @@ AliasChain trace_alias_chain(const GraphIndex& index, NodeId producer) {
   std::vector<Frame> stack{{producer, 0}};
   while (!stack.empty()) {
     const NodeId current = stack.back().node;
-    const std::vector<NodeId>& users = index.users(current);
+    const std::span<const NodeId> users = index.users(current);
     if (stack.back().next_user == users.size()) {
       stack.pop_back();
       continue;
@@ -46,7 +45,7 @@ AliasChain trace_alias_chain(const GraphIndex& index, NodeId producer) {
     if (reader.kind != NodeKind::kCallFunction) continue;
     if (reader.phase == Phase::kBackward) {
       backward_readers[current].push_back(user);
-    } else if (is_alias(graph, reader, index.node(current)) && visited.insert(user).second) {
+    } else if (is_alias(index, reader, index.node(current)) && visited.insert(user).second) {
       children[current].push_back(user);
       chain.lifetime_views.push_back(user);
       stack.push_back({user, 0});  // depth first: the view's subtree comes next
@@ -70,7 +69,6 @@ AliasChain trace_alias_chain(const GraphIndex& index, NodeId producer) {
 
 std::vector<NodeId> forward_aliases(const GraphIndex& index, const StorageGroups& groups,
                                     NodeId producer) {
-  const Graph& graph = index.graph();
   std::unordered_set<NodeId> seen{producer};
   std::vector<NodeId> work{producer};
   if (std::optional<std::int64_t> storage = storage_of(index.node(producer))) {
@@ -87,7 +85,7 @@ std::vector<NodeId> forward_aliases(const GraphIndex& index, const StorageGroups
     for (NodeId user : index.users(current.id)) {
       const Node& reader = index.node(user);
       if (reader.kind != NodeKind::kCallFunction || reader.phase != Phase::kForward) continue;
-      if (is_alias(graph, reader, current) && seen.insert(user).second) work.push_back(user);
+      if (is_alias(index, reader, current) && seen.insert(user).second) work.push_back(user);
     }
   }
   seen.erase(producer);

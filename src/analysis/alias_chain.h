@@ -43,7 +43,7 @@ struct AliasChain {
 };
 
 // Whether `user` aliases `current`: a schema view, or the same known storage.
-bool is_alias(const Graph& graph, const Node& user, const Node& current);
+bool is_alias(const GraphIndex& index, const Node& user, const Node& current);
 
 // The chain of `producer`. Throws InvalidGraph for an unknown id.
 AliasChain trace_alias_chain(const GraphIndex& index, NodeId producer);

@@ -12,7 +12,7 @@ GroupVerdict check_group(const GraphIndex& index, const StorageGroup& group) {
     }
   }
   for (NodeId id : group.members) {
-    if (is_mutating_op(index.graph(), index.node(id))) return {GroupHazard::kMutatingSharer, id};
+    if (is_mutating_op(index, index.node(id))) return {GroupHazard::kMutatingSharer, id};
   }
   for (NodeId id : group.members) {
     for (NodeId user : index.users(id)) {

@@ -14,19 +14,19 @@ bool is_collective_namespace(std::string_view ns) {
 
 }  // namespace
 
-bool is_view_op(const Graph& graph, const Node& node) {
-  const OpSchema* schema = graph.schema_of(node);
+bool is_view_op(const GraphIndex& index, const Node& node) {
+  const OpSchema* schema = index.schema_of(node);
   return schema != nullptr && schema->is_view;
 }
 
-bool is_mutating_op(const Graph& graph, const Node& node) {
-  const OpSchema* schema = graph.schema_of(node);
+bool is_mutating_op(const GraphIndex& index, const Node& node) {
+  const OpSchema* schema = index.schema_of(node);
   return schema != nullptr && schema->is_mutable;
 }
 
-bool is_collective_op(const Graph& graph, const Node& node) {
+bool is_collective_op(const GraphIndex& index, const Node& node) {
   if (node.kind != NodeKind::kCallFunction) return false;
-  if (const OpSchema* schema = graph.schema_of(node)) return is_collective_namespace(schema->ns);
+  if (const OpSchema* schema = index.schema_of(node)) return is_collective_namespace(schema->ns);
   std::string_view target = node.target;
   return is_collective_namespace(target.substr(0, target.find('.')));
 }

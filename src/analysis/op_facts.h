@@ -13,17 +13,18 @@
 #include <cstdint>
 #include <optional>
 
+#include "analysis/graph_index.h"
 #include "spillway/graph.h"
 
 namespace spillway::analysis {
 
 // A call_function whose schema says it returns an alias of an input.
-bool is_view_op(const Graph& graph, const Node& node);
+bool is_view_op(const GraphIndex& index, const Node& node);
 // A call_function whose schema is mutable (writes some argument).
-bool is_mutating_op(const Graph& graph, const Node& node);
+bool is_mutating_op(const GraphIndex& index, const Node& node);
 // A functional collective or its wait: schema namespace _c10d_functional or
 // _c10d_functional_autograd (the target's first component when no schema).
-bool is_collective_op(const Graph& graph, const Node& node);
+bool is_collective_op(const GraphIndex& index, const Node& node);
 // One of the nodes an offload plan inserts (spillway.* or ao.* transfer ops).
 bool is_offload_op(const Node& node);
 // A reload node (spillway.reload.default or ao.reload.default).

@@ -4,42 +4,82 @@
 
 namespace spillway::analysis {
 
-ScopeRoots::ScopeRoots(const Graph& graph, std::string leaf) : leaf_(std::move(leaf)) {
+ScopeRoots::ScopeRoots(const Graph& graph, std::string leaf)
+    : leaf_(std::move(leaf)), graph_(&graph) {
+  std::vector<std::string_view> found;
+  const std::vector<std::string>* previous_stack = nullptr;
   for (const Node& node : graph.nodes) {
+    // Neighbouring nodes usually share a stack; skip the repeat cheaply.
+    if (previous_stack != nullptr && *previous_stack == node.module_stack) continue;
+    previous_stack = &node.module_stack;
     for (const std::string& path : node.module_stack) {
-      if (has_leaf(path)) roots_.insert(path);
+      if (has_leaf(path)) found.push_back(path);
     }
   }
-  for (const Node& node : graph.nodes) {
-    for (const std::string& path : node.module_stack) {
-      if (!root_by_path_.count(path)) root_by_path_.emplace(path, root_of_path(path));
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  root_storage_.assign(found.begin(), found.end());
+  roots_.reserve(root_storage_.size() * 2);
+  for (const std::string& root : root_storage_) roots_.emplace(root, &root);
+
+  in_scope_.resize(graph.nodes.size());
+  root_.resize(graph.nodes.size());
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (i > 0 && graph.nodes[i - 1].module_stack == node.module_stack) {
+      in_scope_[i] = in_scope_[i - 1];
+      root_[i] = root_[i - 1];
+      continue;
     }
+    in_scope_[i] = compute_in_scope(node);
+    root_[i] = compute_root_of(node);
   }
+}
+
+std::ptrdiff_t ScopeRoots::position_of(const Node& node) const {
+  const Node* first = graph_->nodes.data();
+  const Node* address = &node;
+  if (graph_->nodes.empty() || address < first || address >= first + graph_->nodes.size()) {
+    return -1;
+  }
+  return address - first;
 }
 
 bool ScopeRoots::has_leaf(std::string_view path) const {
-  std::size_t dot = path.rfind('.');
-  return path.substr(dot == std::string_view::npos ? 0 : dot + 1) == leaf_;
+  if (path.size() < leaf_.size() || path.substr(path.size() - leaf_.size()) != leaf_) return false;
+  return path.size() == leaf_.size() || path[path.size() - leaf_.size() - 1] == '.';
 }
 
-std::vector<std::string> ScopeRoots::roots() const {
-  std::vector<std::string> sorted(roots_.begin(), roots_.end());
-  std::sort(sorted.begin(), sorted.end());
-  return sorted;
-}
+std::vector<std::string> ScopeRoots::roots() const { return root_storage_; }
 
-const std::string* ScopeRoots::root_of_path(const std::string& path) const {
-  if (auto cached = root_by_path_.find(path); cached != root_by_path_.end()) return cached->second;
-  // A root contains `path` when it equals it or is a prefix ending at a dot.
-  if (auto it = roots_.find(path); it != roots_.end()) return &*it;
-  for (std::size_t dot = path.rfind('.'); dot != std::string::npos && dot > 0;
-       dot = path.rfind('.', dot - 1)) {
-    if (auto it = roots_.find(path.substr(0, dot)); it != roots_.end()) return &*it;
+const std::string* ScopeRoots::root_of_path(std::string_view path) const {
+  if (roots_.empty() || leaf_.empty()) return nullptr;
+  // A root containing `path` equals it or is a prefix ending at a dot; either
+  // way the root's last component is the leaf. Longest first.
+  const std::string* found = nullptr;
+  for (std::size_t at = path.find(leaf_); at != std::string_view::npos;
+       at = path.find(leaf_, at + 1)) {
+    const std::size_t end = at + leaf_.size();
+    const bool starts_component = at == 0 || path[at - 1] == '.';
+    const bool ends_component = end == path.size() || path[end] == '.';
+    if (!starts_component || !ends_component) continue;
+    auto it = roots_.find(path.substr(0, end));
+    if (it != roots_.end()) found = it->second;
   }
-  return nullptr;
+  return found;
 }
 
 bool ScopeRoots::in_scope(const Node& node) const {
+  const std::ptrdiff_t at = position_of(node);
+  return at >= 0 ? in_scope_[static_cast<std::size_t>(at)] != 0 : compute_in_scope(node);
+}
+
+const std::string* ScopeRoots::root_of(const Node& node) const {
+  const std::ptrdiff_t at = position_of(node);
+  return at >= 0 ? root_[static_cast<std::size_t>(at)] : compute_root_of(node);
+}
+
+bool ScopeRoots::compute_in_scope(const Node& node) const {
   if (roots_.empty()) return false;
   for (const std::string& path : node.module_stack) {
     if (has_leaf(path) || root_of_path(path) != nullptr) return true;
@@ -47,7 +87,7 @@ bool ScopeRoots::in_scope(const Node& node) const {
   return false;
 }
 
-const std::string* ScopeRoots::root_of(const Node& node) const {
+const std::string* ScopeRoots::compute_root_of(const Node& node) const {
   for (auto it = node.module_stack.rbegin(); it != node.module_stack.rend(); ++it) {
     if (const std::string* root = root_of_path(*it)) return root;
   }

@@ -13,7 +13,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "spillway/graph.h"
@@ -28,18 +27,31 @@ class ScopeRoots {
   bool empty() const { return roots_.empty(); }
   // The roots, sorted.
   std::vector<std::string> roots() const;
+  // Both answers are precomputed for the nodes of the graph given to the
+  // constructor (which must outlive this object); other nodes are computed on
+  // the spot.
   bool in_scope(const Node& node) const;
   // The root containing `node`'s innermost module that lies in one; nullptr
   // when none does. The pointer stays valid for the lifetime of this object.
   const std::string* root_of(const Node& node) const;
 
  private:
-  const std::string* root_of_path(const std::string& path) const;
+  bool compute_in_scope(const Node& node) const;
+  const std::string* compute_root_of(const Node& node) const;
+  // The position of `node` in the constructor's graph, or -1.
+  std::ptrdiff_t position_of(const Node& node) const;
+
+  // Roots have the leaf as last component, so only prefixes that end at a
+  // component equal to the leaf need a set lookup; most paths need none.
+  const std::string* root_of_path(std::string_view path) const;
   bool has_leaf(std::string_view path) const;
 
   std::string leaf_;
-  std::unordered_set<std::string> roots_;
-  std::unordered_map<std::string, const std::string*> root_by_path_;  // paths seen in the graph
+  std::vector<std::string> root_storage_;  // sorted; never resized after construction
+  std::unordered_map<std::string_view, const std::string*> roots_;  // into root_storage_
+  const Graph* graph_;
+  std::vector<char> in_scope_;             // by position in graph_
+  std::vector<const std::string*> root_;   // by position in graph_
 };
 
 }  // namespace spillway::analysis

@@ -44,7 +44,7 @@ WrittenStorages written_storages(const GraphIndex& index, const Node& node) {
       node.kind != NodeKind::kCallModule) {
     return {};
   }
-  const OpSchema* schema = index.graph().schema_of(node);
+  const OpSchema* schema = index.schema_of(node);
   if (schema == nullptr) return every_tensor_argument(index, node);
   if (!schema->is_mutable) return {};
 

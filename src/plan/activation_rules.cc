@@ -41,11 +41,11 @@ Rule rule_not_offload_op(const RuleContext&, const Node& node, std::string&) {
 }
 
 Rule rule_not_view(const RuleContext& ctx, const Node& node, std::string&) {
-  return analysis::is_view_op(ctx.index.graph(), node) ? Rule::kView : kPass;
+  return analysis::is_view_op(ctx.index, node) ? Rule::kView : kPass;
 }
 
 Rule rule_not_collective(const RuleContext& ctx, const Node& node, std::string&) {
-  return analysis::is_collective_op(ctx.index.graph(), node) ? Rule::kCollective : kPass;
+  return analysis::is_collective_op(ctx.index, node) ? Rule::kCollective : kPass;
 }
 
 Rule rule_single_tensor(const RuleContext&, const Node& node, std::string&) {

@@ -5,9 +5,8 @@
 // bad edit list leaves nothing half-done (the input is never modified anyway).
 
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 
+#include "plan/id_map.h"
 #include "plan/node_sequence.h"
 #include "plan/offload_rewrite.h"
 #include "spillway/error.h"
@@ -34,39 +33,39 @@ bool is_spillway_target(std::string_view target) {
 Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits) {
   std::vector<NodeId> original;
   original.reserve(graph.nodes.size());
-  std::unordered_set<NodeId> known;
-  known.reserve(graph.nodes.size() * 2 + edits.size());
+  plan::IdMap<char> known(graph.nodes.size() + edits.size(), 0);
   for (const Node& node : graph.nodes) {
     original.push_back(node.id);
-    known.insert(node.id);
+    known.set(node.id, 1);
   }
   plan::NodeSequence order(original);
-  std::unordered_map<NodeId, const Node*> inserted;
+  std::vector<const Node*> inserted_nodes;
   for (std::size_t i = 0; i < edits.size(); ++i) {
     const Edit& edit = edits[i];
     if (edit.kind == EditKind::kRedirect) continue;
-    if (!known.count(edit.anchor)) {
+    if (!known.get(edit.anchor)) {
       throw InvalidArgument("plan", edit_label(i, edit) + " anchors on node " +
                                         std::to_string(edit.anchor) + ", which graph '" +
                                         graph.name + "' lacks");
     }
-    if (!known.insert(edit.node.id).second) {
+    if (edit.node.id < 0 || known.get(edit.node.id)) {
       throw InvalidArgument("plan", edit_label(i, edit) + " inserts node " +
                                         std::to_string(edit.node.id) + " (" + edit.node.name +
-                                        "), but that id is already taken");
+                                        "), but that id is negative or already taken");
     }
+    known.set(edit.node.id, 1);
     if (edit.placement == Placement::kAfter) {
       order.insert_after_run(edit.anchor, edit.node.id);
     } else {
       order.insert_before(edit.anchor, edit.node.id);
     }
-    inserted.emplace(edit.node.id, &edit.node);
+    inserted_nodes.push_back(&edit.node);
   }
   for (std::size_t i = 0; i < edits.size(); ++i) {
     const Edit& edit = edits[i];
     if (edit.kind != EditKind::kRedirect) continue;
     for (NodeId id : {edit.reader, edit.from, edit.to}) {
-      if (!known.count(id)) {
+      if (!known.get(id)) {
         throw InvalidArgument("plan", edit_label(i, edit) + " names node " + std::to_string(id) +
                                           ", which graph '" + graph.name + "' lacks");
       }
@@ -77,17 +76,18 @@ Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits) {
   out.name = graph.name;
   out.metadata = graph.metadata;
   out.ops = graph.ops;
-  std::unordered_map<NodeId, const Node*> existing;
-  existing.reserve(graph.nodes.size() * 2);
-  for (const Node& node : graph.nodes) existing.emplace(node.id, &node);
-  std::unordered_map<NodeId, std::size_t> position;
-  out.nodes.reserve(graph.nodes.size() + inserted.size());
-  for (NodeId id : order.order()) {
-    auto it = inserted.find(id);
-    const Node& node = it != inserted.end() ? *it->second : *existing.at(id);
-    position.emplace(id, out.nodes.size());
+  // Slots below graph.nodes.size() are the original nodes in order; inserted
+  // nodes follow in insertion order.
+  const auto original_count = static_cast<std::int64_t>(graph.nodes.size());
+  plan::IdMap<std::int64_t> position(graph.nodes.size() + inserted_nodes.size(), -1);
+  out.nodes.reserve(graph.nodes.size() + inserted_nodes.size());
+  for (std::int64_t slot : order.slot_order()) {
+    const bool is_new = slot >= original_count;
+    const Node& node = is_new ? *inserted_nodes[static_cast<std::size_t>(slot - original_count)]
+                              : graph.nodes[static_cast<std::size_t>(slot)];
+    position.set(node.id, static_cast<std::int64_t>(out.nodes.size()));
     out.nodes.push_back(node);
-    if (it != inserted.end() && is_spillway_target(node.target)) {
+    if (is_new && is_spillway_target(node.target)) {
       if (node.target == kOffloadTarget) out.ops[node.target] = plan::offload_schema();
       if (node.target == kReloadTarget) out.ops[node.target] = plan::reload_schema();
       if (node.target == kWaitTarget) out.ops[node.target] = plan::wait_schema();
@@ -95,7 +95,7 @@ Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits) {
   }
   for (const Edit& edit : edits) {
     if (edit.kind != EditKind::kRedirect) continue;
-    Node& reader = out.nodes[position.at(edit.reader)];
+    Node& reader = out.nodes[static_cast<std::size_t>(position.get(edit.reader))];
     for (Arg& arg : reader.args) redirect_arg(arg, edit.from, edit.to);
     for (auto& kv : reader.kwargs) redirect_arg(kv.second, edit.from, edit.to);
   }

@@ -78,7 +78,7 @@ TEST(ApplyEditsTest, BadEditsAreRejected) {
     apply_edits(g, {insertion(a.q.id, "n", a.x.id, Placement::kAfter)});
     FAIL();
   } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("inserts node 2 (n), but that id is already taken"));
+    EXPECT_THAT(e.what(), HasSubstr("inserts node 2 (n), but that id is negative or already taken"));
   }
   Edit redirect;
   redirect.kind = EditKind::kRedirect;

@@ -1,11 +1,22 @@
 #include "plan/node_sequence.h"
 
+#include <string>
+
+#include "spillway/error.h"
+
 namespace spillway::plan {
 
-NodeSequence::NodeSequence(const std::vector<NodeId>& initial) {
-  slot_.reserve(initial.size() * 2);
+NodeSequence::NodeSequence(const std::vector<NodeId>& initial) : slot_(initial.size(), kNone) {
   ids_.reserve(initial.size());
   for (NodeId id : initial) link_after(tail_, add(id));
+}
+
+std::int64_t NodeSequence::slot_of(NodeId id) const {
+  const std::int64_t slot = slot_.get(id);
+  if (slot == kNone) {
+    throw Error("plan", "internal error: node " + std::to_string(id) + " is not in the sequence");
+  }
+  return slot;
 }
 
 std::int64_t NodeSequence::add(NodeId id) {
@@ -13,7 +24,7 @@ std::int64_t NodeSequence::add(NodeId id) {
   ids_.push_back(id);
   prev_.push_back(kNone);
   next_.push_back(kNone);
-  slot_.emplace(id, slot);
+  slot_.set(id, slot);
   return slot;
 }
 
@@ -50,12 +61,12 @@ void NodeSequence::unlink(std::int64_t slot) {
 }
 
 NodeId NodeSequence::next(NodeId id) const {
-  const std::int64_t n = next_[slot_.at(id)];
+  const std::int64_t n = next_[slot_of(id)];
   return n == kNone ? -1 : ids_[n];
 }
 
 NodeId NodeSequence::previous(NodeId id) const {
-  const std::int64_t p = prev_[slot_.at(id)];
+  const std::int64_t p = prev_[slot_of(id)];
   return p == kNone ? -1 : ids_[p];
 }
 
@@ -66,22 +77,29 @@ NodeId NodeSequence::run_end(NodeId anchor) const {
 
 void NodeSequence::insert_after_run(NodeId anchor, NodeId id) {
   const NodeId end = run_end(anchor);
-  link_after(slot_.at(end), add(id));
+  link_after(slot_of(end), add(id));
   run_end_[anchor] = id;
 }
 
 void NodeSequence::insert_before(NodeId anchor, NodeId id) {
-  link_after(prev_[slot_.at(anchor)], add(id));
+  link_after(prev_[slot_of(anchor)], add(id));
 }
 
 void NodeSequence::insert_right_after(NodeId anchor, NodeId id) {
-  link_after(slot_.at(anchor), add(id));
+  link_after(slot_of(anchor), add(id));
 }
 
 void NodeSequence::move_before(NodeId anchor, NodeId id) {
-  const std::int64_t slot = slot_.at(id);
+  const std::int64_t slot = slot_of(id);
   unlink(slot);
-  link_after(prev_[slot_.at(anchor)], slot);
+  link_after(prev_[slot_of(anchor)], slot);
+}
+
+std::vector<std::int64_t> NodeSequence::slot_order() const {
+  std::vector<std::int64_t> out;
+  out.reserve(ids_.size());
+  for (std::int64_t s = head_; s != kNone; s = next_[s]) out.push_back(s);
+  return out;
 }
 
 std::vector<NodeId> NodeSequence::order() const {

@@ -9,11 +9,14 @@
 //                            ahead of anything inserted there earlier
 //   move_before(X, n)        FX X.prepend(n) for a node already in the list
 //
-// All operations are O(1) expected. Not thread-safe.
+// All operations are O(1) expected. Naming an absent anchor throws
+// Error("[plan] internal error ..."): callers validate first. Not thread-safe.
 
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
+
+#include "plan/id_map.h"
 
 #include "spillway/graph.h"
 
@@ -23,7 +26,7 @@ class NodeSequence {
  public:
   explicit NodeSequence(const std::vector<NodeId>& initial);
 
-  bool contains(NodeId id) const { return slot_.count(id) != 0; }
+  bool contains(NodeId id) const { return slot_.get(id) != kNone; }
   // The node after / before `id`, or -1 at the end / start. `id` must be present.
   NodeId next(NodeId id) const;
   NodeId previous(NodeId id) const;
@@ -37,15 +40,19 @@ class NodeSequence {
   void move_before(NodeId anchor, NodeId id);
 
   std::vector<NodeId> order() const;
+  // Slots: the i-th node given to the constructor has slot i; inserted nodes
+  // take the next slots in insertion order. The slots in list order:
+  std::vector<std::int64_t> slot_order() const;
   NodeId last() const { return tail_ < 0 ? -1 : ids_[tail_]; }
 
  private:
   static constexpr std::int64_t kNone = -1;
   std::int64_t add(NodeId id);
+  std::int64_t slot_of(NodeId id) const;  // throws Error for an absent id
   void link_after(std::int64_t at, std::int64_t slot);  // at == kNone: at the head
   void unlink(std::int64_t slot);
 
-  std::unordered_map<NodeId, std::int64_t> slot_;
+  IdMap<std::int64_t> slot_;
   std::vector<NodeId> ids_;
   std::vector<std::int64_t> prev_;
   std::vector<std::int64_t> next_;

@@ -7,6 +7,7 @@
 
 #include "analysis/op_facts.h"
 #include "analysis/regions.h"
+#include "plan/id_map.h"
 #include "plan/node_sequence.h"
 #include "spillway/error.h"
 
@@ -49,7 +50,8 @@ class RewriteBuilder {
     next_id_ = index.max_id() + 1;
     std::int64_t storage = -1;
     for (const Node& node : graph.nodes) {
-      names_.insert(node.name);
+      // New names all start with "spillway_": only such names can clash.
+      if (node.name.starts_with("spillway_")) names_.insert(node.name);
       storage = std::max(storage, max_storage(node.value));
     }
     next_storage_ = storage + 1;
@@ -216,11 +218,10 @@ class RewriteBuilder {
     const std::vector<NodeId> order = fx_.order();
     std::vector<const Node*> nodes;
     nodes.reserve(order.size());
-    std::unordered_map<NodeId, std::size_t> position;
-    position.reserve(order.size() * 2);
+    IdMap<std::size_t> position(order.size(), 0);
     for (std::size_t i = 0; i < order.size(); ++i) {
       nodes.push_back(&lookup(order[i]));
-      position.emplace(order[i], i);
+      position.set(order[i], i);
     }
     const analysis::Regions regions = analysis::find_regions(nodes, scope_);
     if (regions.anchors.empty()) return 0;
@@ -241,7 +242,7 @@ class RewriteBuilder {
                                      : 0;
       const std::size_t anchor_position = regions.anchors[target];
       if (anchor_position >= reload_position) continue;
-      if (anchor_position <= position.at(offload.forward_wait_node)) continue;  // see header
+      if (anchor_position <= position.get(offload.forward_wait_node)) continue;  // see header
       const NodeId anchor = nodes[anchor_position]->id;
       fx_.move_before(anchor, offload.reload_node);
       pending_[edit_index_.at(offload.reload_node)].edit.anchor = anchor;
@@ -253,13 +254,12 @@ class RewriteBuilder {
 
   std::vector<Edit> express_as_edits() {
     const std::vector<NodeId> final_order = fx_.order();
-    std::unordered_map<NodeId, std::size_t> final_position;
-    final_position.reserve(final_order.size() * 2);
-    for (std::size_t i = 0; i < final_order.size(); ++i) final_position.emplace(final_order[i], i);
+    IdMap<std::size_t> final_position(final_order.size(), 0);
+    for (std::size_t i = 0; i < final_order.size(); ++i) final_position.set(final_order[i], i);
     auto in_order = [&](NodeId before, NodeId node, NodeId after) {
-      const std::size_t p = final_position.at(node);
-      return (before < 0 || final_position.at(before) < p) &&
-             (after < 0 || p < final_position.at(after));
+      const std::size_t p = final_position.get(node);
+      return (before < 0 || final_position.get(before) < p) &&
+             (after < 0 || p < final_position.get(after));
     };
 
     NodeSequence applied(original_order(index_));
@@ -281,7 +281,7 @@ class RewriteBuilder {
         if (!in_order(before, id, after)) {
           // Anchor on the next node already present in the final order.
           NodeId next = -1;
-          for (std::size_t p = final_position.at(id) + 1; p < final_order.size(); ++p) {
+          for (std::size_t p = final_position.get(id) + 1; p < final_order.size(); ++p) {
             if (applied.contains(final_order[p])) {
               next = final_order[p];
               break;
