@@ -17,6 +17,10 @@
 // returns a NodeRef, which converts to an Arg, so node references and literals
 // (lit(3), str("mean"), list({a, b}), none()) mix in one argument list.
 //
+// Tensors: tensor({rows, cols}) is a contiguous bf16 tensor on cuda:0 (pass
+// strides to make it non-contiguous); sym_tensor({SymSize::symbolic("s0",
+// 4096), ...}) has symbolic or unbacked (hint nullopt) sizes.
+//
 // Storage: every tensor a node produces gets a fresh storage id unless the
 // TensorInfo passed in already carries one (use share(x) to take x's storage,
 // or unknown_storage() to record "cannot be proven"). view() and inplace()
