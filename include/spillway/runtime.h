@@ -34,7 +34,8 @@
 //     bytes are undefined; the host copy stays and can be reloaded again).
 //     Waits do not block the host, so a copy may fail after its wait
 //     returned; that failure is raised, once, by the next wait or
-//     synchronize() of any value, before that call changes anything. With
+//     synchronize() of any value, after that call has done its own work
+//     (its storage is in its new state; the error names the failed copy). With
 //     `RuntimeOptions::verify_before_release` the waits block the host until
 //     the copy is complete, so every failure is raised at its own wait and no
 //     device storage is released after a failed D2H.

@@ -211,7 +211,6 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
   } catch (const TransferError& e) {
     throw give_up(e);
   }
-  check_earlier_failures();
   try {
     if (verify_before_release_) engine_.synchronize(copy->d2h);
     engine_.make_wait(*stream, copy->d2h);
@@ -225,6 +224,7 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
     record->host = 0;
   }
   free_device(*record, stream->native());
+  check_earlier_failures();  // this wait is complete; report another copy's failure
 }
 
 DeviceValue ResidencyManager::reload(const HostHandle& handle, void* dst, ReleaseFn release,
@@ -307,16 +307,18 @@ void ResidencyManager::wait_reload(StorageId storage, StreamHandle compute) {
   } catch (const TransferError& e) {
     throw fail(e);
   }
-  check_earlier_failures();
   try {
     if (verify_before_release_) engine_.synchronize(t);
     engine_.make_wait(*stream, t);
   } catch (const TransferError& e) {
     throw fail(e);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  record->state = StorageState::kResident;
-  record->transfer.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record->state = StorageState::kResident;
+    record->transfer.reset();
+  }
+  check_earlier_failures();  // this wait is complete; report another copy's failure
 }
 
 void ResidencyManager::release(StorageId storage, StreamHandle compute) {
