@@ -255,6 +255,23 @@ void CopyEngine::synchronize(const TransferPtr& t) {
   raise_if_failed(t);
 }
 
+void CopyEngine::finish(const TransferPtr& t) noexcept {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!t->enqueued_) {
+      t->priority_ = INT_MAX;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return t->enqueued_; });
+    }
+  }
+  for (const auto& event : t->chunk_events_) {
+    try {
+      backend_.synchronize(*event);
+    } catch (...) {
+    }
+  }
+}
+
 void CopyEngine::check_failures() {
   for (auto& lane : lanes_) {
     for (;;) {

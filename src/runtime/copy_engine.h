@@ -100,6 +100,10 @@ class CopyEngine {
   // Throws TransferError for the first failed transfer not yet reported (by
   // a wait on it or an earlier check), marking it reported. Does not block.
   void check_failures();
+  // Blocks until every chunk of `transfer` that was enqueued has run,
+  // failed or not; raises nothing. For error paths that must not free
+  // memory a copy still touches.
+  void finish(const TransferPtr& transfer) noexcept;
   // Blocks until every transfer submitted so far has completed. Never
   // reports copy failures (check_failures does).
   void drain();

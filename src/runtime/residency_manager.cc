@@ -194,6 +194,7 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
   auto stream = compute_stream(compute);
   auto give_up = [&](const TransferError& e) {
     // Nothing is lost: the device storage stays; the host copy is dropped.
+    engine_.finish(copy->d2h);  // no chunk reads the storage once we return
     {
       std::lock_guard<std::mutex> lock(mu_);
       record->state = StorageState::kResident;
@@ -292,6 +293,7 @@ void ResidencyManager::wait_reload(StorageId storage, StreamHandle compute) {
   }
   auto stream = compute_stream(compute);
   auto fail = [&](const TransferError& e) {
+    engine_.finish(t);  // no chunk writes the storage once the caller may free it
     {
       std::lock_guard<std::mutex> lock(mu_);
       record->state = StorageState::kResident;
