@@ -31,7 +31,7 @@ ScopeRoots::ScopeRoots(const Graph& graph, std::string leaf)
       root_[i] = root_[i - 1];
       continue;
     }
-    in_scope_[i] = compute_in_scope(node);
+    in_scope_[i] = compute_in_scope(node) ? 1 : 0;
     root_[i] = compute_root_of(node);
   }
 }

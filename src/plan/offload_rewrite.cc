@@ -91,7 +91,7 @@ class RewriteBuilder {
     return name;
   }
 
-  Node new_node(std::string_view target, std::string name, std::vector<Arg> args, Phase phase,
+  Node new_node(std::string_view target, const std::string& name, std::vector<Arg> args, Phase phase,
                 const Node& like, Value value) {
     Node node;
     node.id = next_id_++;
