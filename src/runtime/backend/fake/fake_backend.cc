@@ -9,7 +9,9 @@
 //   3. A failure in a task is kept on its stream and attached to the next
 //      marker completed there; a stream that waits for a failed marker
 //      inherits the failure (as CUDA's sticky errors reach later work).
-//   4. Freed device memory is poisoned (0xDD) and returned in stream order.
+//   4. Device memory is stream-ordered like cudaMallocAsync: a block freed on
+//      stream S is reusable at once by allocations on S, by other streams
+//      only after S ran the free point; at that point it is poisoned (0xDD).
 
 #include <atomic>
 #include <condition_variable>
@@ -74,12 +76,13 @@ class FakeBackend;
 class FakeStream final : public Stream {
  public:
   FakeStream(FakeBackend* backend, FakeControls::Role role, bool on_host)
-      : backend_(backend), role_(role), on_host_(on_host) {
+      : backend_(backend), role_(role), on_host_(on_host), id_(next_id_++) {
     if (!on_host_) worker_ = std::thread([this] { run(); });
   }
   ~FakeStream() override;
   void* native() const override { return const_cast<FakeStream*>(this); }
   FakeControls::Role role() const { return role_; }
+  std::uint64_t id() const { return id_; }
   bool on_host() const { return on_host_; }
 
   // Runs `task` in stream order; on the host stream, now.
@@ -111,9 +114,11 @@ class FakeStream final : public Stream {
  private:
   void run();
 
+  static inline std::atomic<std::uint64_t> next_id_{1};
   FakeBackend* backend_;
   FakeControls::Role role_;
   bool on_host_;
+  std::uint64_t id_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
@@ -208,6 +213,8 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
       doomed.swap(compute_streams_);
     }
     doomed.clear();
+    std::lock_guard<std::mutex> lock(arena_mu_);
+    for (Freed& f : freed_) delete[] f.data;
   }
 
   std::string_view name() const override { return "fake"; }
@@ -288,12 +295,17 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
 
   DeviceAllocator& default_allocator() override { return *this; }
 
-  void* allocate(std::size_t bytes, void* /*stream*/) override {
+  // Stream-ordered like cudaMallocAsync (invariant 4): a block freed on
+  // stream S may be handed out again at once to an allocation on S (whose
+  // work runs after the free point), and to other streams only once S has
+  // passed the free point.
+  void* allocate(std::size_t bytes, void* stream) override {
     if (take_one(fail_device_)) {
       throw OutOfMemory(kComponent, "injected device allocation failure of " +
                                         std::to_string(bytes) + " bytes");
     }
-    std::size_t rounded = bytes == 0 ? 1 : bytes;
+    const std::size_t rounded = bytes == 0 ? 1 : bytes;
+    const std::uint64_t stream_id = stream_of(stream)->id();
     {
       std::lock_guard<std::mutex> lock(arena_mu_);
       if (used_ + rounded > capacity_) {
@@ -302,25 +314,51 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
                                           " more (" + std::to_string(used_) + " in use)");
       }
       used_ += rounded;
+      for (auto it = freed_.begin(); it != freed_.end(); ++it) {
+        if (it->bytes == rounded && (it->stream_id == stream_id || it->passed->load())) {
+          char* p = it->data;
+          freed_bytes_ -= it->bytes;
+          freed_.erase(it);
+          return p;
+        }
+      }
     }
     char* p = new char[rounded];
     std::memset(p, 0xCD, rounded);
     return p;
   }
   void deallocate(void* ptr, std::size_t bytes, void* stream) noexcept override {
-    std::size_t rounded = bytes == 0 ? 1 : bytes;
-    auto release = [this, ptr, rounded] {
-      std::memset(ptr, 0xDD, rounded);  // a reader that outlives the free sees poison
-      delete[] static_cast<char*>(ptr);
+    const std::size_t rounded = bytes == 0 ? 1 : bytes;
+    FakeStream* s = stream_of(stream);
+    auto passed = std::make_shared<std::atomic<bool>>(false);
+    std::vector<char*> doomed;
+    {
       std::lock_guard<std::mutex> lock(arena_mu_);
       used_ -= rounded;
+      freed_.push_back(Freed{static_cast<char*>(ptr), rounded, s->id(), passed});
+      freed_bytes_ += rounded;
+      // Keep the cache of freed blocks bounded: drop the oldest passed ones.
+      for (auto it = freed_.begin(); it != freed_.end() && freed_bytes_ > kFreedCacheBytes;) {
+        if (it->passed->load()) {
+          doomed.push_back(it->data);
+          freed_bytes_ -= it->bytes;
+          it = freed_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (char* p : doomed) delete[] p;
+    // At the free point in stream order the bytes become poison: a reader
+    // that was not ordered before the free sees 0xDD (and TSan sees a race).
+    auto poison = [ptr, rounded, passed] {
+      std::memset(ptr, 0xDD, rounded);
+      passed->store(true);
     };
-    FakeStream* s = stream ? static_cast<FakeStream*>(stream) : &host_stream_;
     try {
-      s->enqueue(release);
+      s->enqueue(poison);
     } catch (...) {
-      // enqueue allocates; if even that fails, free now rather than leak.
-      release();
+      poison();
     }
   }
 
@@ -394,8 +432,22 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
 
   const std::size_t capacity_;
   const bool unbacked_pinned_;
+  struct Freed {
+    char* data;
+    std::size_t bytes;
+    std::uint64_t stream_id;
+    std::shared_ptr<std::atomic<bool>> passed;  // the stream ran the free point
+  };
+  static constexpr std::size_t kFreedCacheBytes = std::size_t{64} << 20;
+
+  FakeStream* stream_of(void* native) {
+    return native ? static_cast<FakeStream*>(native) : &host_stream_;
+  }
+
   mutable std::mutex arena_mu_;
   std::size_t used_ GUARDED_BY(arena_mu_) = 0;
+  std::vector<Freed> freed_ GUARDED_BY(arena_mu_);
+  std::size_t freed_bytes_ GUARDED_BY(arena_mu_) = 0;
   std::atomic<int> fail_device_{0};
   std::atomic<int> fail_pinned_{0};
   std::atomic<int> fail_copies_{0};

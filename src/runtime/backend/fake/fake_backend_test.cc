@@ -88,21 +88,29 @@ TEST(FakeBackend, ArenaIsBoundedAndInjectedFailuresCount) {
   backend->free_pinned(h, 16);
 }
 
-TEST(FakeBackend, DeviceFreeHappensInStreamOrder) {
+TEST(FakeBackend, DeviceMemoryIsStreamOrderedLikeCudaMallocAsync) {
   auto backend = make_fake_backend({});
   auto fake = backend->fake_controls();
   StreamHandle compute = fake->create_compute_stream();
+  StreamHandle other = fake->create_compute_stream();
   DeviceAllocator& alloc = backend->default_allocator();
   void* p = alloc.allocate(256, compute.native);
-  std::atomic<bool> released_early{false};
-  fake->launch(compute, [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    std::memset(p, 7, 256);  // still ours: the free is queued behind this kernel
+  fake->launch(compute, [p] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::memset(p, 7, 256);  // still ours: the free point is queued behind this kernel
   });
   alloc.deallocate(p, 256, compute.native);
-  if (fake->device_bytes_in_use() == 0) released_early = true;
+  EXPECT_EQ(fake->device_bytes_in_use(), 0u);
+  // Another stream may not have it until the compute stream passed the free.
+  void* q = alloc.allocate(256, other.native);
+  EXPECT_NE(q, p);
+  // The same stream may: its next work runs after the free point.
+  void* r = alloc.allocate(256, compute.native);
+  EXPECT_EQ(r, p);
+  alloc.deallocate(q, 256, other.native);
+  alloc.deallocate(r, 256, compute.native);
   fake->synchronize(compute);
-  EXPECT_FALSE(released_early.load());
+  fake->synchronize(other);
   EXPECT_EQ(fake->device_bytes_in_use(), 0u);
 }
 
