@@ -106,6 +106,10 @@ struct ValueDecision {
 // graph. Several nodes inserted at one anchor keep the order of their edits:
 // "after X" appends after X and the nodes already inserted after it; "before X"
 // places the node just before X, after the nodes already inserted before it.
+// Precisely (src/plan/node_sequence.h): kAfter X goes right after the last node
+// inserted so far with kAfter X (X itself if none); kBefore X goes right
+// before X. A node inserted with kBefore Y does not join X's kAfter run even
+// when it sits between X and Y.
 enum class Placement { kAfter, kBefore };
 
 enum class EditKind {
