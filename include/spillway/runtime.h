@@ -57,11 +57,12 @@
 
 namespace spillway {
 
-// A stream as the caller knows it. For the CUDA backend `native` is a
-// cudaStream_t; nullptr means the runtime's compute stream (RuntimeOptions).
-// For the fake backend `native` is a pointer returned by
-// FakeControls::create_compute_stream(); nullptr means the calling host thread,
-// which runs "kernels" synchronously (torch CPU ops).
+// A stream as the caller knows it. StreamHandle{} means
+// RuntimeOptions::compute_stream. For the CUDA backend `native` is a
+// cudaStream_t (nullptr there: the legacy default stream). For the fake
+// backend `native` is a pointer returned by
+// FakeControls::create_compute_stream(), and nullptr is the calling host
+// thread, which runs "kernels" synchronously (torch CPU ops).
 struct StreamHandle {
   void* native = nullptr;
 };
@@ -133,8 +134,9 @@ struct RuntimeOptions {
   PinnedPoolOptions pool;
   CopyEngineOptions copy;
   FakeBackendOptions fake;
-  // When true, wait_offload blocks the host until the D2H copy completed and
-  // raises its failure before the device storage is released.
+  // When true, wait_offload / wait_reload block the host until their copy
+  // completed, so a copy failure is raised at its own wait and before any
+  // device storage is released. Default false: waits only order streams.
   bool verify_before_release = false;
 };
 
@@ -224,9 +226,10 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // Tracks a caller-owned device storage as kResident. `release` is called
-  // once, when the runtime releases it (wait_offload, or release()); null =
-  // the caller frees it and the runtime only forgets it.
+  // Tracks a caller-owned device storage as kResident. The memory must stay
+  // valid until the runtime releases it (this is the `keepalive` of the ao
+  // ops): `release` is called once, at wait_offload, release() or the
+  // Runtime's destruction; null = the caller frees it after that point.
   StorageId adopt(void* data, std::size_t bytes, ReleaseFn release);
   // Allocates a device storage from the device allocator on `compute`.
   // Throws OutOfMemory.
@@ -244,9 +247,11 @@ class Runtime {
   // back to kResident, still on the device, host copy dropped).
   void wait_offload(const HostHandle& handle, StorageId keepalive, StreamHandle compute = {});
   // Allocates a device storage on `compute` and copies the host copy into it on
-  // the H2D stream (after the D2H). Higher `priority` goes first. Throws
-  // StateError for an unknown or released handle, OutOfMemory when the
-  // allocator fails (nothing changed).
+  // the H2D stream (after the D2H, and after `compute`'s current point).
+  // Higher `priority` goes first (a reload needed sooner). A host copy may be
+  // reloaded more than once (retain_graph). Throws StateError for an unknown
+  // or released handle, OutOfMemory when the allocator fails, TransferError
+  // when its D2H is known to have failed (nothing changed in each case).
   DeviceValue reload(const HostHandle& handle, int priority = 0, StreamHandle compute = {});
   // As reload() into caller memory `dst` (>= handle.bytes, usable on
   // `compute`), released through `release` as for adopt().
