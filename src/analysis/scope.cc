@@ -1,23 +1,25 @@
 #include "analysis/scope.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace spillway::analysis {
 
 ScopeRoots::ScopeRoots(const Graph& graph, std::string leaf)
     : leaf_(std::move(leaf)), graph_(&graph) {
-  std::vector<std::string_view> found;
+  std::vector<std::string_view> found;  // distinct roots
+  std::unordered_set<std::string_view> seen;
   const std::vector<std::string>* previous_stack = nullptr;
   for (const Node& node : graph.nodes) {
     // Neighbouring nodes usually share a stack; skip the repeat cheaply.
     if (previous_stack != nullptr && *previous_stack == node.module_stack) continue;
     previous_stack = &node.module_stack;
     for (const std::string& path : node.module_stack) {
-      if (has_leaf(path)) found.push_back(path);
+      if (!has_leaf(path) || (!found.empty() && found.back() == path)) continue;
+      if (seen.insert(path).second) found.push_back(path);
     }
   }
   std::sort(found.begin(), found.end());
-  found.erase(std::unique(found.begin(), found.end()), found.end());
   root_storage_.assign(found.begin(), found.end());
   roots_.reserve(root_storage_.size() * 2);
   for (const std::string& root : root_storage_) roots_.emplace(root, &root);
