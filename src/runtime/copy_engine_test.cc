@@ -31,9 +31,9 @@ TEST(CopyEngine, LargeTransferIsSplitIntoChunksAndArrivesExactly) {
 TEST(CopyEngine, UrgentTransferOvertakesAHugeOneBetweenChunks) {
   auto backend = make_fake_backend({});
   backend->fake_controls()->set_delay(FakeControls::Role::kH2D, 2000, 2000, 1);
-  CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = 256 * 1024,
-                                                .max_inflight_bytes = 512 * 1024});
-  std::vector<char> huge_src(32 * 256 * 1024, 'h'), huge_dst(huge_src.size());
+  CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = std::size_t{256} * 1024,
+                                                .max_inflight_bytes = std::size_t{512} * 1024});
+  std::vector<char> huge_src(32 * std::size_t{256} * 1024, 'h'), huge_dst(huge_src.size());
   std::vector<char> small_src(1000, 's'), small_dst(1000);
   TransferPtr huge = engine.submit(CopyKind::kHostToDevice, huge_dst.data(), huge_src.data(),
                                    huge_src.size(), 0, {});

@@ -41,7 +41,7 @@ inline void launch_fill(FakeControls& fake, StreamHandle stream, void* data, std
 // Enqueues a check on `stream`; mismatching bytes are added to *bad.
 inline void launch_check(FakeControls& fake, StreamHandle stream, const void* data,
                          std::size_t bytes, std::uint64_t seed,
-                         std::shared_ptr<std::atomic<std::size_t>> bad) {
+                         const std::shared_ptr<std::atomic<std::size_t>>& bad) {
   fake.launch(stream, [=] { *bad += count_mismatches(data, bytes, seed); });
 }
 

@@ -18,7 +18,7 @@ std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / 
 
 std::size_t pinned_class_size(std::size_t bytes, int class_bits) {
   if (bytes <= kPage) return kPage;
-  int log2 = std::bit_width(bytes) - 1;
+  const int log2 = static_cast<int>(std::bit_width(bytes)) - 1;
   std::size_t step = std::size_t{1} << std::max(0, log2 - class_bits);
   return round_up(round_up(bytes, step), kPage);
 }

@@ -133,11 +133,11 @@ TEST(PinnedPoolOptionsTest, OutOfRangeOptionsAreRejected) {
 // The saved activations of one Llama layer of BENCHMARKS.md T1 (hidden 2048,
 // 16 heads, MLP 5632, batch 4 x seq 4096 = 16384 tokens, bf16).
 std::vector<std::size_t> t1_layer_activation_bytes() {
-  const std::size_t tokens = 4 * 4096;
+  const std::size_t tokens = std::size_t{4} * 4096;
   const std::size_t hidden = tokens * 2048 * 2;  // 64 MiB
   const std::size_t mlp = tokens * 5632 * 2;     // 176 MiB
   const std::size_t rstd = tokens * 4;           // 64 KiB, fp32
-  const std::size_t lse = 4 * 16 * 4096 * 4;     // 1 MiB, fp32
+  const std::size_t lse = std::size_t{4} * 16 * 4096 * 4;     // 1 MiB, fp32
   return {hidden, rstd, hidden,                  // input, rstd, normed input
           hidden, hidden, hidden,                // q, k, v after rope
           hidden, lse,                           // attention output, logsumexp
@@ -170,7 +170,7 @@ TEST(PinnedPoolReference, ThousandStepsOfT1PinNothingAfterTheFirstAndStayWithinT
   EXPECT_EQ(stats.pinned_allocations, kLayers * layer.size());
   EXPECT_LE(static_cast<double>(stats.bytes_pinned),
             1.1 * static_cast<double>(stats.peak_bytes_requested));
-  EXPECT_EQ(stats.reuses, 999u * kLayers * layer.size());
+  EXPECT_EQ(stats.reuses, std::size_t{999} * kLayers * layer.size());
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ class Residency : public ::testing::Test {
   }
   static RuntimeOptions small_chunks() {
     RuntimeOptions o;
-    o.copy.chunk_bytes = 256 * 1024;
+    o.copy.chunk_bytes = std::size_t{256} * 1024;
     o.copy.max_inflight_bytes = 1 * kMiB;
     return o;
   }
@@ -236,8 +236,8 @@ class ResidencyWithBudget : public Residency {
 };
 
 TEST_F(ResidencyWithBudget, HostBudgetExhaustedKeepsTheValueOnTheDevice) {
-  DeviceValue a = produce(768 * 1024, 15);
-  DeviceValue b = produce(768 * 1024, 16);
+  DeviceValue a = produce(std::size_t{768} * 1024, 15);
+  DeviceValue b = produce(std::size_t{768} * 1024, 16);
   HostHandle ha = rt_.offload(a.storage, compute_);
   std::string what = message_of([&] { rt_.offload(b.storage, compute_); });
   EXPECT_NE(what.find("[pinned_pool]"), std::string::npos) << what;

@@ -32,8 +32,8 @@ struct Schedule {
 std::size_t run_schedule(const Schedule& s) {
   std::mt19937_64 rng(s.seed);
   RuntimeOptions options;
-  options.copy.chunk_bytes = 64 * 1024;
-  options.copy.max_inflight_bytes = 128 * 1024;
+  options.copy.chunk_bytes = std::size_t{64} * 1024;
+  options.copy.max_inflight_bytes = std::size_t{128} * 1024;
   options.verify_before_release = rng() % 4 == 0;
   options.pool.class_bits = static_cast<int>(rng() % 5);
   Runtime rt(options);
@@ -46,7 +46,7 @@ std::size_t run_schedule(const Schedule& s) {
   if (mask & 4) fake.set_delay(FakeControls::Role::kH2D, 0, 150, rng());
 
   auto bad = std::make_shared<std::atomic<std::size_t>>(0);
-  std::uniform_int_distribution<std::size_t> size_dist(1, 200 * 1024);
+  std::uniform_int_distribution<std::size_t> size_dist(1, std::size_t{200} * 1024);
   for (int step = 0; step < s.steps; ++step) {
     struct Saved {
       DeviceValue value;
@@ -132,8 +132,8 @@ TEST(ResidencyRace, RandomSchedulesReturnEveryByte) {
 // Several threads drive their own storages through one Runtime at once.
 TEST(ResidencyRace, ConcurrentCallersOnOneRuntime) {
   RuntimeOptions options;
-  options.copy.chunk_bytes = 32 * 1024;
-  options.copy.max_inflight_bytes = 64 * 1024;
+  options.copy.chunk_bytes = std::size_t{32} * 1024;
+  options.copy.max_inflight_bytes = std::size_t{64} * 1024;
   Runtime rt(options);
   FakeControls& fake = *rt.fake_controls();
   fake.set_delay(FakeControls::Role::kD2H, 0, 100, 1);
@@ -145,7 +145,7 @@ TEST(ResidencyRace, ConcurrentCallersOnOneRuntime) {
     threads.emplace_back([&rt, &fake, compute, bad, t] {
       std::mt19937_64 rng(t);
       for (int i = 0; i < 25; ++i) {
-        std::size_t bytes = 1 + rng() % (100 * 1024);
+        std::size_t bytes = 1 + rng() % (std::size_t{100} * 1024);
         std::uint64_t seed = rng();
         DeviceValue v = rt.allocate(bytes, compute);
         testing::launch_fill(fake, compute, v.data, bytes, seed);

@@ -72,11 +72,13 @@ struct Delay {
 
 class FakeBackend;
 
+std::atomic<std::uint64_t> next_stream_id{1};  // ids outlive streams, unlike addresses
+
 // A stream run by one worker thread (or, for the host stream, by the caller).
 class FakeStream final : public Stream {
  public:
   FakeStream(FakeBackend* backend, FakeControls::Role role, bool on_host)
-      : backend_(backend), role_(role), on_host_(on_host), id_(next_id_++) {
+      : backend_(backend), role_(role), on_host_(on_host), id_(next_stream_id++) {
     if (!on_host_) worker_ = std::thread([this] { run(); });
   }
   ~FakeStream() override;
@@ -114,7 +116,6 @@ class FakeStream final : public Stream {
  private:
   void run();
 
-  static inline std::atomic<std::uint64_t> next_id_{1};
   FakeBackend* backend_;
   FakeControls::Role role_;
   bool on_host_;
@@ -188,7 +189,7 @@ FakeStream& resolve(Stream& s) {
   return as_fake(s);
 }
 
-void raise_transfer(std::exception_ptr e) {
+void raise_transfer(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const TransferError&) {
