@@ -87,7 +87,12 @@ class CopyEngine {
                      std::vector<std::shared_ptr<Event>> after);
 
   // Makes `transfer` the most urgent and blocks until all its chunks are
-  // enqueued. Throws TransferError if enqueuing failed.
+  // enqueued. Throws TransferError if enqueuing failed. Being made the most
+  // urgent, `transfer` may overtake transfers submitted before it: when this
+  // returns, they may still be pending, so an event recorded on the stream
+  // now covers `transfer` but not necessarily them. To put a whole batch on
+  // the stream, wait for each transfer oldest first (which reorders nothing);
+  // to wait for everything, use drain().
   void wait_enqueued(const TransferPtr& transfer);
   // Makes `stream` wait for `transfer` (wait_enqueued first). Throws
   // TransferError for a failure known now.
