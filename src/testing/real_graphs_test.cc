@@ -36,7 +36,6 @@
 
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -105,10 +104,13 @@ std::int64_t layer_count(const Graph& graph) {
 // The decoder layer a node belongs to ("model.layers.3" or "transformer.h.3"),
 // or -1 outside any layer.
 std::int64_t layer_of(const Node& node) {
-  static const std::regex kLayer(R"(\.(layers|h)\.(\d+)$)");
   for (const std::string& module : node.module_stack) {
-    std::smatch match;
-    if (std::regex_search(module, match, kLayer)) return std::stoll(match[2].str());
+    const std::size_t dot = module.rfind('.');
+    if (dot == std::string::npos || dot + 1 == module.size()) continue;
+    const std::string index = module.substr(dot + 1);
+    if (index.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string parent = module.substr(0, dot);
+    if (parent.ends_with(".layers") || parent.ends_with(".h")) return std::stoll(index);
   }
   return -1;
 }
