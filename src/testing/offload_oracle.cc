@@ -282,6 +282,24 @@ std::vector<std::string> check_offload_plan(const Graph& original,
   if (static_cast<std::int64_t>(plan.offloads.size()) > plan.candidate_count) {
     fail("more values chosen than candidates");
   }
+  // The budget is filled greedily: a candidate left out for the budget would
+  // not fit beside what was chosen, and nothing is left out when unlimited.
+  std::int64_t over_budget = 0;
+  for (const ValueDecision& decision : plan.decisions) {
+    if (decision.rule != Rule::kOverBudget) continue;
+    ++over_budget;
+    if (options.host_budget_bytes == 0) {
+      fail(decision.name + " left out for the budget with an unlimited budget");
+    } else if (decision.bytes && total + *decision.bytes <= options.host_budget_bytes) {
+      fail(decision.name + " (" + std::to_string(*decision.bytes) +
+           " bytes) left out for the budget but fits beside the " + std::to_string(total) +
+           " chosen bytes");
+    }
+  }
+  if (plan.candidate_count != static_cast<std::int64_t>(plan.offloads.size()) + over_budget) {
+    fail("candidate_count " + std::to_string(plan.candidate_count) + " != chosen " +
+         std::to_string(plan.offloads.size()) + " + over budget " + std::to_string(over_budget));
+  }
   std::int64_t prefetched = 0;
   for (const Offload& offload : plan.offloads) prefetched += offload.prefetched;
   if (prefetched != plan.reloads_prefetched) fail("reloads_prefetched disagrees with offloads");

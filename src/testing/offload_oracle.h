@@ -38,7 +38,9 @@ bool in_scope(const Node& node, const std::string& scope);
 //     >= min_bytes, in scope, read by backward, its storage known, first
 //     produced by it, shared by no placeholder/get_attr, returned by no output,
 //     and never possibly written in place in the original graph;
-//   * bytes add up, and stay within a positive host budget;
+//   * bytes add up, and stay within a positive host budget; a value left out
+//     for the budget would not have fit beside the chosen ones (greedy fill),
+//     and candidates = chosen + left out for the budget;
 //   * no backward node of the rewritten graph reads an offloaded value or a
 //     forward alias of it;
 //   * each forward wait comes after every forward reader (other than the

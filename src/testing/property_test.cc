@@ -96,6 +96,13 @@ TEST(OffloadOracle, ReportsBrokenPlans) {
   stricter = options;
   stricter.host_budget_bytes = 1;
   EXPECT_TRUE(contains(check_offload_plan(graph, stricter, result), "over the budget"));
+  PlanResult unfilled = result;  // a candidate dropped although the budget is unlimited
+  for (ValueDecision& decision : unfilled.plan.decisions) {
+    if (decision.node == offload.producer) decision.rule = Rule::kOverBudget;
+  }
+  unfilled.plan.offloads.erase(unfilled.plan.offloads.begin());
+  unfilled.plan.bytes_offloaded -= offload.bytes;
+  EXPECT_TRUE(contains(check_offload_plan(graph, options, unfilled), "unlimited budget"));
   stricter = options;
   stricter.scope = "no_such_scope";
   EXPECT_TRUE(contains(check_offload_plan(graph, stricter, result), "outside scope"));
