@@ -6,6 +6,8 @@
 // Each graph is loaded once before the plan and verify benchmarks run. Graphs
 // without a "self_attn" module (GPT-2) are planned with scope "attn".
 
+#include <benchmark/benchmark.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -13,8 +15,6 @@
 #include <map>
 #include <string>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "spillway/graph.h"
 #include "spillway/plan.h"

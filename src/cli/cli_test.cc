@@ -1,16 +1,15 @@
 // Drives the built `spillway` binary the way a user does and checks what the
 // user sees: exit codes, messages, the JSON summary and the emitted graph.
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "spillway/graph.h"
 #include "spillway/plan.h"
@@ -123,8 +122,7 @@ TEST_F(CliTest, PlanPrintsReadableSummary) {
   const CliRun run_result = run("plan '" + graph.string() + "'");
   ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
   EXPECT_NE(run_result.out.find("two-layer test graph"), std::string::npos) << run_result.out;
-  EXPECT_NE(run_result.out.find("13 (9 forward, 4 backward)"), std::string::npos)
-      << run_result.out;
+  EXPECT_NE(run_result.out.find("13 (9 forward, 4 backward)"), std::string::npos) << run_result.out;
   EXPECT_NE(run_result.out.find("chosen:             4 values, 16.00 MiB"), std::string::npos)
       << run_result.out;
   EXPECT_NE(run_result.out.find("host budget:        unlimited"), std::string::npos);
@@ -214,7 +212,8 @@ TEST_F(CliTest, ValidatePrintsOneLine) {
 TEST_F(CliTest, BadGraphExitsOneWithComponentMessage) {
   std::string broken = kTwoLayerGraph;
   const std::string reference = R"("args": [{"node": 6}, {"node": 5}])";
-  broken.replace(broken.find(reference), reference.size(), R"("args": [{"node": 6}, {"node": 99}])");
+  broken.replace(broken.find(reference), reference.size(),
+                 R"("args": [{"node": 6}, {"node": 99}])");
   const fs::path graph = write_file("bad.json", broken);
   for (const std::string command : {"validate", "plan"}) {
     const CliRun run_result = run(command + " '" + graph.string() + "'");
@@ -287,8 +286,7 @@ TEST_F(CliTest, DefaultGraphIsPlannedOrReportedMissing) {
     EXPECT_NE(summary.at("graph").get<std::string>().find("llama3-8b"), std::string::npos);
   } else {
     EXPECT_EQ(run_result.exit_code, 3);
-    EXPECT_NE(run_result.err.find("llama3-8b-s8192.json.zst"), std::string::npos)
-        << run_result.err;
+    EXPECT_NE(run_result.err.find("llama3-8b-s8192.json.zst"), std::string::npos) << run_result.err;
   }
 }
 

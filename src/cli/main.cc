@@ -2,6 +2,7 @@
 // graph, or validate a graph file. See README.md for the reference and
 // `spillway --help` for the exit codes.
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,8 +11,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/plan_report.h"
 #include "spillway/error.h"
@@ -153,10 +152,9 @@ int run_validate(const std::string& path) {
       if (node.value.tensor.storage) storages.insert(*node.value.tensor.storage);
     }
   }
-  std::cout << "ok: " << path << ": '" << graph.name << "', " << graph.nodes.size()
-            << " nodes (" << forward << " forward, "
-            << static_cast<std::int64_t>(graph.nodes.size()) - forward << " backward), "
-            << tensors << " tensor values in " << storages.size() << " storages, "
+  std::cout << "ok: " << path << ": '" << graph.name << "', " << graph.nodes.size() << " nodes ("
+            << forward << " forward, " << static_cast<std::int64_t>(graph.nodes.size()) - forward
+            << " backward), " << tensors << " tensor values in " << storages.size() << " storages, "
             << graph.ops.size() << " op schemas\n";
   return kExitOk;
 }
@@ -187,8 +185,9 @@ int run_guarded(Action&& action) {
 }
 
 int main_impl(int argc, char** argv) {
-  CLI::App app{"spillway: plan which saved activations of a PyTorch joint forward+backward "
-               "graph move to pinned host memory."};
+  CLI::App app{
+      "spillway: plan which saved activations of a PyTorch joint forward+backward "
+      "graph move to pinned host memory."};
   app.footer(kExitCodeHelp);
   app.require_subcommand(1);
 
@@ -196,9 +195,9 @@ int main_impl(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand(
       "plan", "Plan activation offload for GRAPH and print a summary of what moves and why.");
   plan->footer(kExitCodeHelp);
-  plan->add_option("GRAPH", plan_args.graph_path,
-                   std::string("Graph file (.json or .json.zst); default: the built-in ") +
-                       kDefaultGraph);
+  plan->add_option(
+      "GRAPH", plan_args.graph_path,
+      std::string("Graph file (.json or .json.zst); default: the built-in ") + kDefaultGraph);
   plan->add_option("--scope", plan_args.scope,
                    "Leaf module name whose activations may move (default: self_attn)");
   plan->add_option("--mode", plan_args.mode, "scope: plan over --scope; none: plan nothing")
@@ -214,8 +213,8 @@ int main_impl(int argc, char** argv) {
                    "Write the rewritten graph to OUT (.json, or .json.zst to compress)");
 
   std::string validate_path;
-  CLI::App* validate =
-      app.add_subcommand("validate", "Load GRAPH, check every invariant, print a one-line summary.");
+  CLI::App* validate = app.add_subcommand(
+      "validate", "Load GRAPH, check every invariant, print a one-line summary.");
   validate->footer(kExitCodeHelp);
   validate->add_option("GRAPH", validate_path, "Graph file (.json or .json.zst)")->required();
 

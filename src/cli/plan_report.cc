@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace spillway::cli {
 namespace {
@@ -82,6 +81,7 @@ std::vector<SkipGroup> group_large_skips(const Plan& plan) {
     }
   }
   std::vector<SkipGroup> groups;
+  groups.reserve(by_rule.size());
   for (auto& [rule, group] : by_rule) groups.push_back(std::move(group));
   std::stable_sort(groups.begin(), groups.end(),
                    [](const SkipGroup& a, const SkipGroup& b) { return a.count > b.count; });
@@ -124,8 +124,8 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
   std::ostringstream out;
 
   out << "graph:              " << (original.name.empty() ? "(unnamed)" : original.name) << "\n";
-  out << "nodes:              " << original.nodes.size() << " (" << phases.forward
-      << " forward, " << phases.backward << " backward)\n";
+  out << "nodes:              " << original.nodes.size() << " (" << phases.forward << " forward, "
+      << phases.backward << " backward)\n";
   if (plan.options.mode == ActivationMode::kNone) {
     out << "mode:               none (nothing planned; the graph is unchanged)\n";
     return out.str();
@@ -136,8 +136,8 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
   out << "chosen:             " << plan.offloads.size() << " values, "
       << human_bytes(plan.bytes_offloaded) << "\n";
   out << "host budget:        " << budget_text(plan.options.host_budget_bytes) << "\n";
-  out << "reloads prefetched: " << plan.reloads_prefetched << " of " << plan.offloads.size()
-      << " (" << plan.options.prefetch_regions << " region(s) early)\n";
+  out << "reloads prefetched: " << plan.reloads_prefetched << " of " << plan.offloads.size() << " ("
+      << plan.options.prefetch_regions << " region(s) early)\n";
   out << "nodes after edits:  " << result.graph.nodes.size() << " (+" << plan.edits.size()
       << " edits)\n";
 
@@ -151,8 +151,8 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
       const Node* producer = find_node(index, offload.producer);
       Row row;
       row.name = node_name(index, offload.producer);
-      row.shape = producer && producer->value.is_tensor() ? format_shape(producer->value.tensor)
-                                                          : "?";
+      row.shape =
+          producer && producer->value.is_tensor() ? format_shape(producer->value.tensor) : "?";
       row.dtype = producer && producer->value.is_tensor() ? producer->value.tensor.dtype : "?";
       row.bytes = human_bytes(offload.bytes);
       row.last_use = node_name(index, offload.last_forward_use);
@@ -182,11 +182,11 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
   const std::vector<SkipGroup> groups = group_large_skips(plan);
   std::int64_t skipped = 0;
   for (const SkipGroup& group : groups) skipped += group.count;
-  out << "\nforward values >= " << human_bytes(plan.options.min_bytes)
-      << " not chosen: " << skipped << "\n";
+  out << "\nforward values >= " << human_bytes(plan.options.min_bytes) << " not chosen: " << skipped
+      << "\n";
   for (const SkipGroup& group : groups) {
-    out << "  " << group.count << " x " << to_string(group.rule) << " ("
-        << human_bytes(group.bytes) << "): " << describe(group.rule) << "\n";
+    out << "  " << group.count << " x " << to_string(group.rule) << " (" << human_bytes(group.bytes)
+        << "): " << describe(group.rule) << "\n";
     for (const ValueDecision* decision : group.examples) {
       out << "      e.g. " << decision->name << " (" << human_bytes(*decision->bytes) << ")";
       if (!decision->detail.empty()) out << ": " << decision->detail;

@@ -242,7 +242,8 @@ std::vector<std::string> check_offload_plan(const Graph& original,
         fail(who + "its storage is shared by " + std::string(to_string(member->kind)) + " " +
              member->name);
       }
-      if (returned.count(member->id)) fail(who + "its storage is returned by the output (" + member->name + ")");
+      if (returned.count(member->id))
+        fail(who + "its storage is returned by the output (" + member->name + ")");
       if (member->phase == Phase::kForward) forbidden_in_backward.insert(member->id);
     }
     for (const Node& node : original.nodes) {

@@ -6,13 +6,13 @@
 //   SPILLWAY_PROPERTY_SEED=<seed> SPILLWAY_PROPERTY_GRAPHS=1 ./property_tests
 // The failing graph is also written to $TMPDIR/spillway_property_<seed>.json.
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "spillway/error.h"
 #include "spillway/graph.h"
@@ -178,11 +178,12 @@ TEST(PlannerProperties, HoldOnRandomJointGraphs) {
   for (const auto& [rule, n] : rule_counts) {
     histogram += " " + std::string(to_string(rule)) + "=" + std::to_string(n);
   }
-  std::printf("%llu graphs (%lld nodes) in %.2f s; %lld offloads in %lld graphs, %lld prefetched\n"
-              "decisions:%s\n",
-              static_cast<unsigned long long>(count), static_cast<long long>(nodes), seconds,
-              static_cast<long long>(total_offloads), static_cast<long long>(graphs_with_offloads),
-              static_cast<long long>(total_prefetched), histogram.c_str());
+  std::printf(
+      "%llu graphs (%lld nodes) in %.2f s; %lld offloads in %lld graphs, %lld prefetched\n"
+      "decisions:%s\n",
+      static_cast<unsigned long long>(count), static_cast<long long>(nodes), seconds,
+      static_cast<long long>(total_offloads), static_cast<long long>(graphs_with_offloads),
+      static_cast<long long>(total_prefetched), histogram.c_str());
   // The generator must give the planner real work, not only graphs it rejects.
   if (count >= 500) {
     EXPECT_GT(graphs_with_offloads, static_cast<std::int64_t>(count) / 8);

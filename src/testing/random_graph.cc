@@ -1,7 +1,9 @@
 #include "testing/random_graph.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -30,20 +32,18 @@ std::map<std::string, OpSchema> make_schemas() {
   ops["aten._unsafe_view.default"] = {"aten", false, false, args({{"self"}, {"size"}})};
   ops["aten.split.Tensor"] = {"aten", false, true, args({{"self"}, {"split_size"}, {"dim"}})};
   ops["aten.native_layer_norm.default"] = {
-      "aten", false, false,
-      args({{"input"}, {"normalized_shape"}, {"weight"}, {"bias"}, {"eps"}})};
+      "aten", false, false, args({{"input"}, {"normalized_shape"}, {"weight"}, {"bias"}, {"eps"}})};
   ops["aten.sym_size.int"] = {"aten", false, false, args({{"self"}, {"dim"}})};
   ops["aten.add_.Tensor"] = {"aten", true, false,
                              args({{"self", false, true}, {"other"}, {"alpha", true}})};
-  ops["aten.mul.out"] = {"aten", true, false,
-                         args({{"self"}, {"other"}, {"out", true, true}})};
+  ops["aten.mul.out"] = {"aten", true, false, args({{"self"}, {"other"}, {"out", true, true}})};
   ops["aten._foreach_add_.Scalar"] = {"aten", true, false,
                                       args({{"self", false, true}, {"scalar"}})};
   // A mutable op whose written argument the node omits: unresolvable target.
   ops["mylib.fused_update_.default"] = {"mylib", true, false,
                                         args({{"self"}, {"buf", false, true}})};
-  ops["_c10d_functional.all_reduce.default"] = {
-      "_c10d_functional", false, false, args({{"input"}, {"reduce_op"}, {"group_name"}})};
+  ops["_c10d_functional.all_reduce.default"] = {"_c10d_functional", false, false,
+                                                args({{"input"}, {"reduce_op"}, {"group_name"}})};
   ops["_c10d_functional.wait_tensor.default"] = {"_c10d_functional", false, false,
                                                  args({{"tensor"}})};
   return ops;
@@ -94,10 +94,10 @@ class Generator {
   int next_unbacked_ = 0;
   std::int64_t seq_hint_ = 512;
   std::map<std::string, int> name_counts_;
-  std::vector<NodeId> inputs_;         // tensor placeholders and get_attrs
-  std::vector<NodeId> forward_pool_;   // tensor-valued forward nodes
+  std::vector<NodeId> inputs_;        // tensor placeholders and get_attrs
+  std::vector<NodeId> forward_pool_;  // tensor-valued forward nodes
   std::vector<std::vector<NodeId>> block_values_;
-  std::vector<Stack> block_stacks_;    // a representative stack per block
+  std::vector<Stack> block_stacks_;  // a representative stack per block
   std::vector<NodeId> grads_;
   NodeId grad_ = -1;
 };
@@ -133,9 +133,10 @@ SymSize Generator::make_dim(SizeClass size_class, bool leading) {
   if (leading && rng_.chance(0.04)) {
     return SymSize::symbolic("u" + std::to_string(next_unbacked_++), std::nullopt);
   }
-  static const std::vector<std::int64_t> kSmall = {1, 2, 3, 4, 8, 16, 32};
-  static const std::vector<std::int64_t> kLarge = {4, 8, 64, 128, 256, 512, 1024, 2048};
-  return SymSize::concrete(rng_.pick(size_class == SizeClass::kLarge ? kLarge : kSmall));
+  static constexpr std::array<std::int64_t, 7> kSmallDims = {1, 2, 3, 4, 8, 16, 32};
+  static constexpr std::array<std::int64_t, 8> kLargeDims = {4, 8, 64, 128, 256, 512, 1024, 2048};
+  return SymSize::concrete(size_class == SizeClass::kLarge ? rng_.pick(kLargeDims)
+                                                           : rng_.pick(kSmallDims));
 }
 
 void Generator::set_contiguous_strides(TensorInfo& tensor) const {
@@ -171,7 +172,7 @@ TensorInfo Generator::make_tensor(SizeClass size_class, bool allow_odd) {
   const int rank = roll < 10 ? 1 : roll < 55 ? 2 : roll < 90 ? 3 : 4;
   for (int i = 0; i < rank; ++i) tensor.sizes.push_back(make_dim(size_class, i == 0));
   if (rank >= 2 && size_class == SizeClass::kLarge) {
-    static const std::vector<std::int64_t> kLastDims = {256, 512, 1024, 2048, 4096};
+    static constexpr std::array<std::int64_t, 5> kLastDims = {256, 512, 1024, 2048, 4096};
     tensor.sizes.back() = SymSize::concrete(rng_.pick(kLastDims));
   }
   tensor.device = "cuda:0";
@@ -203,7 +204,9 @@ TensorInfo Generator::aliased(NodeId base, std::vector<SymSize> sizes, bool cont
 NodeId Generator::pick_recent(const std::vector<NodeId>& pool) {
   // Favour the last few values, as real layers read what was just computed.
   const std::int64_t size = static_cast<std::int64_t>(pool.size());
-  if (rng_.chance(0.7)) return pool[static_cast<std::size_t>(rng_.uniform(std::max<std::int64_t>(0, size - 4), size - 1))];
+  if (rng_.chance(0.7))
+    return pool[static_cast<std::size_t>(
+        rng_.uniform(std::max<std::int64_t>(0, size - 4), size - 1))];
   return pool[static_cast<std::size_t>(rng_.uniform(0, size - 1))];
 }
 
@@ -265,23 +268,25 @@ void Generator::emit_forward_op(const Region& region) {
   const std::int64_t roll = rng_.uniform(0, 99);
 
   if (roll < 40) {  // fresh compute
-    static const std::vector<std::string> kTargets = {"aten.mm.default", "aten.add.Tensor",
-                                                      "aten.mul.Tensor", "aten.relu.default",
-                                                      "aten.gelu.default"};
-    const std::string& target = rng_.pick(kTargets);
+    static constexpr std::array<std::string_view, 5> kComputeTargets = {
+        "aten.mm.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.relu.default",
+        "aten.gelu.default"};
+    const std::string target(rng_.pick(kComputeTargets));
     std::vector<Arg> args = {Arg::of_node(a)};
     std::vector<std::pair<std::string, Arg>> kwargs;
     if (target == "aten.mm.default" || target == "aten.add.Tensor" || target == "aten.mul.Tensor") {
       args.push_back(Arg::of_node(b));
     }
-    if (target == "aten.add.Tensor" && rng_.chance(0.3)) kwargs.push_back({"alpha", Arg::of_int(2)});
+    if (target == "aten.add.Tensor" && rng_.chance(0.3))
+      kwargs.push_back({"alpha", Arg::of_int(2)});
     if (target == "aten.gelu.default" && rng_.chance(0.5)) {
       kwargs.push_back({"approximate", Arg::of_string("tanh")});
     }
     const std::string base = target.substr(5, target.find('.', 5) - 5);
-    remember_forward(call(target, base, std::move(args), Value::of_tensor(make_tensor(random_size())),
-                          fwd, stack, std::move(kwargs)),
-                     region.block);
+    remember_forward(
+        call(target, base, std::move(args), Value::of_tensor(make_tensor(random_size())), fwd,
+             stack, std::move(kwargs)),
+        region.block);
   } else if (roll < 52) {  // a chain of views, sometimes ending in _unsafe_view
     NodeId current = a;
     const int length = static_cast<int>(rng_.uniform(1, 3));
@@ -295,9 +300,10 @@ void Generator::emit_forward_op(const Region& region) {
       } else if (kind == 1 && base.rank() >= 2) {
         std::vector<SymSize> sizes = base.sizes;
         std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
-        current = call("aten.transpose.int", "transpose",
-                       {Arg::of_node(current), Arg::of_int(base.rank() - 2), Arg::of_int(base.rank() - 1)},
-                       Value::of_tensor(aliased(current, std::move(sizes), false)), fwd, stack);
+        current = call(
+            "aten.transpose.int", "transpose",
+            {Arg::of_node(current), Arg::of_int(base.rank() - 2), Arg::of_int(base.rank() - 1)},
+            Value::of_tensor(aliased(current, std::move(sizes), false)), fwd, stack);
       } else {
         // Leading 1 prepended: same bytes, one more dimension.
         std::vector<SymSize> sizes = base.sizes;
@@ -314,20 +320,24 @@ void Generator::emit_forward_op(const Region& region) {
           }
         }
         const bool unsafe = kind == 3;
-        current = call(unsafe ? "aten._unsafe_view.default" : "aten.view.default",
-                       unsafe ? "_unsafe_view" : "view",
-                       {Arg::of_node(current), Arg::of_list(std::move(size_list))},
-                       Value::of_tensor(aliased(current, std::move(sizes), base.contiguous)), fwd,
-                       stack);
+        current =
+            call(unsafe ? "aten._unsafe_view.default" : "aten.view.default",
+                 unsafe ? "_unsafe_view" : "view",
+                 {Arg::of_node(current), Arg::of_list(std::move(size_list))},
+                 Value::of_tensor(aliased(current, std::move(sizes), base.contiguous)), fwd, stack);
       }
     }
     // Half the chains feed forward; the rest are read only by backward.
-    if (rng_.chance(0.5)) remember_forward(current, region.block);
-    else block_values_[static_cast<std::size_t>(region.block)].push_back(current);
+    if (rng_.chance(0.5))
+      remember_forward(current, region.block);
+    else
+      block_values_[static_cast<std::size_t>(region.block)].push_back(current);
   } else if (roll < 58) {  // tuple-returning op read through getitem
     Value result;
     result.kind = ValueKind::kSequence;
-    for (int i = 0; i < 3; ++i) result.elements.push_back(Value::of_tensor(make_tensor(i == 0 ? random_size() : SizeClass::kSmall)));
+    for (int i = 0; i < 3; ++i)
+      result.elements.push_back(
+          Value::of_tensor(make_tensor(i == 0 ? random_size() : SizeClass::kSmall)));
     const NodeId ln = call("aten.native_layer_norm.default", "native_layer_norm",
                            {Arg::of_node(a), Arg::of_list({Arg::of_int(64)}), Arg::of_node(b),
                             Arg::none(), Arg::of_other("1e-05")},
@@ -342,9 +352,11 @@ void Generator::emit_forward_op(const Region& region) {
     const TensorInfo& base = tensor_of(a);
     Value result;
     result.kind = ValueKind::kSequence;
-    for (int i = 0; i < 2; ++i) result.elements.push_back(Value::of_tensor(aliased(a, base.sizes, base.contiguous)));
-    const NodeId split = call("aten.split.Tensor", "split",
-                              {Arg::of_node(a), Arg::of_int(2), Arg::of_int(0)}, result, fwd, stack);
+    for (int i = 0; i < 2; ++i)
+      result.elements.push_back(Value::of_tensor(aliased(a, base.sizes, base.contiguous)));
+    const NodeId split =
+        call("aten.split.Tensor", "split", {Arg::of_node(a), Arg::of_int(2), Arg::of_int(0)},
+             result, fwd, stack);
     for (int i = 0; i < 2; ++i) {
       remember_forward(call("operator.getitem", "getitem", {Arg::of_node(split), Arg::of_int(i)},
                             result.elements[static_cast<std::size_t>(i)], fwd, stack),
@@ -357,7 +369,8 @@ void Generator::emit_forward_op(const Region& region) {
                           Value::of_tensor(tensor_of(a)), fwd, stack, std::move(kwargs)),
                      region.block);
   } else if (roll < 72) {  // keyword-only out= write
-    const NodeId out_target = rng_.chance(0.5) ? b : rng_.pick(forward_pool_.empty() ? inputs_ : forward_pool_);
+    const NodeId out_target =
+        rng_.chance(0.5) ? b : rng_.pick(forward_pool_.empty() ? inputs_ : forward_pool_);
     remember_forward(call("aten.mul.out", "mul_out", {Arg::of_node(a), Arg::of_node(b)},
                           Value::of_tensor(tensor_of(out_target)), fwd, stack,
                           {{"out", Arg::of_node(out_target)}}),
@@ -374,10 +387,10 @@ void Generator::emit_forward_op(const Region& region) {
                           Value::of_tensor(tensor_of(a)), fwd, stack, {}, NodeKind::kCallMethod),
                      region.block);
   } else if (roll < 84) {  // a submodule call: no schema
-    remember_forward(call(stack.back() + ".act", "act", {Arg::of_node(a)},
-                          Value::of_tensor(make_tensor(random_size())), fwd, stack, {},
-                          NodeKind::kCallModule),
-                     region.block);
+    remember_forward(
+        call(stack.back() + ".act", "act", {Arg::of_node(a)},
+             Value::of_tensor(make_tensor(random_size())), fwd, stack, {}, NodeKind::kCallModule),
+        region.block);
   } else if (roll < 87) {  // opaque call_function without a schema entry
     remember_forward(call("mylib.opaque.default", "opaque", {Arg::of_node(a)},
                           Value::of_tensor(make_tensor(random_size())), fwd, stack),
@@ -386,9 +399,10 @@ void Generator::emit_forward_op(const Region& region) {
     const NodeId reduced = call("_c10d_functional.all_reduce.default", "all_reduce",
                                 {Arg::of_node(a), Arg::of_string("sum"), Arg::of_string("0")},
                                 Value::of_tensor(make_tensor(random_size())), fwd, stack);
-    remember_forward(call("_c10d_functional.wait_tensor.default", "wait_tensor",
-                          {Arg::of_node(reduced)}, Value::of_tensor(tensor_of(reduced)), fwd, stack),
-                     region.block);
+    remember_forward(
+        call("_c10d_functional.wait_tensor.default", "wait_tensor", {Arg::of_node(reduced)},
+             Value::of_tensor(tensor_of(reduced)), fwd, stack),
+        region.block);
   } else if (roll < 94) {  // a symbolic size read from a tensor
     Value size;
     size.kind = ValueKind::kSymInt;
@@ -399,11 +413,11 @@ void Generator::emit_forward_op(const Region& region) {
     const TensorInfo& base = tensor_of(input);
     std::vector<Arg> size_list;
     for (const SymSize& s : base.sizes) size_list.push_back(Arg::of_int(s.hint.value_or(1)));
-    remember_forward(call("aten._unsafe_view.default", "_unsafe_view",
-                          {Arg::of_node(input), Arg::of_list(std::move(size_list))},
-                          Value::of_tensor(aliased(input, base.sizes, base.contiguous)), fwd,
-                          stack),
-                     region.block);
+    remember_forward(
+        call("aten._unsafe_view.default", "_unsafe_view",
+             {Arg::of_node(input), Arg::of_list(std::move(size_list))},
+             Value::of_tensor(aliased(input, base.sizes, base.contiguous)), fwd, stack),
+        region.block);
   }
 }
 
@@ -419,17 +433,18 @@ void Generator::emit_backward_block(int block) {
   const int ops = static_cast<int>(rng_.uniform(1, 5));
   for (int i = 0; i < ops; ++i) {
     const std::int64_t source = rng_.uniform(0, 99);
-    NodeId saved = source < 75 && !saved_pool.empty() ? rng_.pick(saved_pool)
+    NodeId saved = source < 75 && !saved_pool.empty()      ? rng_.pick(saved_pool)
                    : source < 92 && !forward_pool_.empty() ? rng_.pick(forward_pool_)
-                                                             : rng_.pick(inputs_);
+                                                           : rng_.pick(inputs_);
     const Stack& node_stack = rng_.chance(0.85) ? stack : Stack{};
     if (rng_.chance(0.2) && tensor_of(saved).rank() >= 2) {  // a backward view of a saved value
       const TensorInfo& base = tensor_of(saved);
       std::vector<SymSize> sizes = base.sizes;
       std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
-      saved = call("aten.transpose.int", "transpose",
-                   {Arg::of_node(saved), Arg::of_int(base.rank() - 2), Arg::of_int(base.rank() - 1)},
-                   Value::of_tensor(aliased(saved, std::move(sizes), false)), bwd, node_stack);
+      saved =
+          call("aten.transpose.int", "transpose",
+               {Arg::of_node(saved), Arg::of_int(base.rank() - 2), Arg::of_int(base.rank() - 1)},
+               Value::of_tensor(aliased(saved, std::move(sizes), false)), bwd, node_stack);
     }
     const std::int64_t roll = rng_.uniform(0, 99);
     if (roll < 6) {  // backward writes a saved forward value in place
@@ -479,7 +494,8 @@ Graph Generator::generate() {
   const int blocks = static_cast<int>(rng_.uniform(1, 4));
   const bool shared_attention = rng_.chance(0.25);  // one self_attn reused by every block
   block_values_.resize(static_cast<std::size_t>(blocks));
-  static const std::vector<std::string> kOtherModules = {"mlp", "self_attn_norm", "cross_attn"};
+  static constexpr std::array<std::string_view, 3> kOtherModules = {"mlp", "self_attn_norm",
+                                                                    "cross_attn"};
   for (int block = 0; block < blocks; ++block) {
     const std::string layer = "model.layers." + std::to_string(block);
     Region attention{block, {"model", layer, layer + ".self_attn"}};
@@ -489,8 +505,10 @@ Graph Generator::generate() {
       attention.stack.push_back(layer + ".self_attn.rotary");  // nested inside the scope
     }
     // The mlp region of block 0 always exists so scope "mlp" matches a module.
-    const std::string other = block == 0 ? "mlp" : rng_.pick(kOtherModules);
-    const Region outside{block, {"model", layer, layer + "." + other}};
+    const std::string other(block == 0 ? "mlp" : rng_.pick(kOtherModules));
+    std::string outside_module = layer;
+    outside_module.append(".").append(other);
+    const Region outside{block, {"model", layer, std::move(outside_module)}};
     block_stacks_.push_back(attention.stack);
     if (rng_.chance(0.5)) {
       emit_forward_region(attention);
@@ -550,10 +568,10 @@ ActivationPlanOptions make_random_plan_options(std::uint64_t seed) {
 
 std::string describe_options(const ActivationPlanOptions& options) {
   return std::string("mode=") + (options.mode == ActivationMode::kNone ? "none" : "scope") +
-         " scope=" + options.scope + " host_budget_bytes=" +
-         std::to_string(options.host_budget_bytes) + " min_bytes=" +
-         std::to_string(options.min_bytes) + " prefetch_regions=" +
-         std::to_string(options.prefetch_regions);
+         " scope=" + options.scope +
+         " host_budget_bytes=" + std::to_string(options.host_budget_bytes) +
+         " min_bytes=" + std::to_string(options.min_bytes) +
+         " prefetch_regions=" + std::to_string(options.prefetch_regions);
 }
 
 }  // namespace spillway::testing

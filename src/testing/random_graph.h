@@ -46,8 +46,9 @@ class Rng {
   std::int64_t uniform(std::int64_t lo, std::int64_t hi);
   // True with probability p.
   bool chance(double p);
-  template <typename T>
-  const T& pick(const std::vector<T>& items) {
+  // One element of a non-empty vector or array, uniformly.
+  template <typename Container>
+  const auto& pick(const Container& items) {
     return items[static_cast<std::size_t>(uniform(0, static_cast<std::int64_t>(items.size()) - 1))];
   }
 

@@ -34,14 +34,14 @@
 //   softmax feeding it is skipped because native_dropout returns a tuple.
 //   Both reloads are prefetched (a reload may start a region before its reader).
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "spillway/error.h"
 #include "spillway/graph.h"
@@ -72,18 +72,41 @@ struct GraphExpectation {
 };
 
 const std::vector<GraphExpectation>& documented_graphs() {
+  // Per layer: 1×32×8192×128×2 B for each repeated K/V, 1×1×8192×8192×2 B for
+  // the mask (Llama-3-8B); 2×4×256×64×4 B and 2×1×256×256×4 B (llama-tiny);
+  // 2×4×256×256×4 B for GPT-2's attention probabilities.
+  constexpr std::int64_t kLlama8bSkipped = 2 * (1 * 32 * 8192 * 128 * 2) + 1 * 1 * 8192 * 8192 * 2;
+  constexpr std::int64_t kLlamaTinySkipped = 2 * (2 * 4 * 256 * 64 * 4) + 2 * 1 * 256 * 256 * 4;
+  constexpr std::int64_t kGpt2Probabilities = 2 * 4 * 256 * 256 * 4;
   static const std::vector<GraphExpectation> graphs = {
-      {"llama3-8b-s8192.json.zst", "self_attn", 1 * kMiB, {0, 0}, 0,
-       Rule::kTupleLastUse, {3, 2 * 64 * kMiB + 128 * kMiB}},
-      {"llama3-8b-s8192-cuda.json.zst", "self_attn", 1 * kMiB, {1, 1 * 32 * 8192 * 1 * 4}, 32,
-       Rule::kTupleLastUse, {3, 2 * 64 * kMiB + 128 * kMiB}},
-      {"llama-tiny.json.zst", "self_attn", 1 * kMiB, {0, 0}, 0, Rule::kTupleLastUse, {0, 0}},
-      {"llama-tiny.json.zst", "self_attn", 0, {0, 0}, 0,
-       Rule::kTupleLastUse, {3, 2 * (2 * 4 * 256 * 64 * 4) + 2 * 1 * 256 * 256 * 4}},
-      {"llama-tiny-dynamic.json.zst", "self_attn", 0, {0, 0}, 0,
-       Rule::kTupleLastUse, {3, 2 * (2 * 4 * 256 * 64 * 4) + 2 * 1 * 256 * 256 * 4}},
-      {"gpt2-tiny.json.zst", "attn", 1 * kMiB, {1, 2 * 4 * 256 * 256 * 4}, 2,
-       Rule::kTupleLastUse, {1, 2 * 4 * 256 * 256 * 4}},
+      {.file = "llama3-8b-s8192.json.zst",
+       .scope = "self_attn",
+       .chosen_per_layer = {0, 0},
+       .skipped_per_layer = {3, kLlama8bSkipped}},
+      {.file = "llama3-8b-s8192-cuda.json.zst",
+       .scope = "self_attn",
+       .chosen_per_layer = {1, 1 * 32 * 8192 * 1 * 4},
+       .reloads_prefetched = 32,
+       .skipped_per_layer = {3, kLlama8bSkipped}},
+      {.file = "llama-tiny.json.zst",
+       .scope = "self_attn",
+       .chosen_per_layer = {0, 0},
+       .skipped_per_layer = {0, 0}},
+      {.file = "llama-tiny.json.zst",
+       .scope = "self_attn",
+       .min_bytes = 0,
+       .chosen_per_layer = {0, 0},
+       .skipped_per_layer = {3, kLlamaTinySkipped}},
+      {.file = "llama-tiny-dynamic.json.zst",
+       .scope = "self_attn",
+       .min_bytes = 0,
+       .chosen_per_layer = {0, 0},
+       .skipped_per_layer = {3, kLlamaTinySkipped}},
+      {.file = "gpt2-tiny.json.zst",
+       .scope = "attn",
+       .chosen_per_layer = {1, kGpt2Probabilities},
+       .reloads_prefetched = 2,
+       .skipped_per_layer = {1, kGpt2Probabilities}},
   };
   return graphs;
 }
@@ -138,8 +161,8 @@ std::map<std::int64_t, LayerCounts> per_layer(const Graph& graph, const Items& i
 void expect_uniform(const std::map<std::int64_t, LayerCounts>& counts, std::int64_t layers,
                     const LayerCounts& expected, const std::string& what) {
   if (expected.values == 0) {
-    EXPECT_TRUE(counts.empty()) << what << ": expected none, found some in "
-                                << counts.size() << " layer(s)";
+    EXPECT_TRUE(counts.empty()) << what << ": expected none, found some in " << counts.size()
+                                << " layer(s)";
     return;
   }
   EXPECT_EQ(counts.count(-1), 0u) << what << ": some outside every decoder layer";
@@ -194,10 +217,10 @@ TEST_P(RealGraphPlan, MatchesModelStructure) {
       << "with no budget every candidate is chosen";
   EXPECT_EQ(plan.bytes_offloaded, expected.chosen_per_layer.bytes * layers);
   EXPECT_EQ(plan.reloads_prefetched, expected.reloads_prefetched);
-  expect_uniform(
-      per_layer(graph, plan.offloads, [](const Offload& o) { return o.producer; },
-                [](const Offload& o) { return o.bytes; }),
-      layers, expected.chosen_per_layer, "chosen values");
+  expect_uniform(per_layer(
+                     graph, plan.offloads, [](const Offload& o) { return o.producer; },
+                     [](const Offload& o) { return o.bytes; }),
+                 layers, expected.chosen_per_layer, "chosen values");
 
   std::vector<ValueDecision> skipped;
   for (const ValueDecision& decision : plan.decisions) {
@@ -206,11 +229,11 @@ TEST_P(RealGraphPlan, MatchesModelStructure) {
       skipped.push_back(decision);
     }
   }
-  expect_uniform(
-      per_layer(graph, skipped, [](const ValueDecision& d) { return d.node; },
-                [](const ValueDecision& d) { return *d.bytes; }),
-      layers, expected.skipped_per_layer,
-      "values skipped by " + std::string(to_string(expected.skip_rule)));
+  expect_uniform(per_layer(
+                     graph, skipped, [](const ValueDecision& d) { return d.node; },
+                     [](const ValueDecision& d) { return *d.bytes; }),
+                 layers, expected.skipped_per_layer,
+                 "values skipped by " + std::string(to_string(expected.skip_rule)));
 }
 
 std::string test_name(const ::testing::TestParamInfo<GraphExpectation>& info) {
