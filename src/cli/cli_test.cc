@@ -277,7 +277,7 @@ TEST_F(CliTest, HelpOnEveryCommandDocumentsExitCodes) {
 
 TEST_F(CliTest, DefaultGraphIsPlannedOrReportedMissing) {
   const fs::path default_graph =
-      fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama3-8b-s8192.json.zst";
+      fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama3-8b-s8192-cuda.json.zst";
   const CliRun run_result = run("plan --json");
   if (fs::exists(default_graph)) {
     ASSERT_EQ(run_result.exit_code, 0) << run_result.err;
@@ -286,7 +286,7 @@ TEST_F(CliTest, DefaultGraphIsPlannedOrReportedMissing) {
     EXPECT_NE(summary.at("graph").get<std::string>().find("llama3-8b"), std::string::npos);
   } else {
     EXPECT_EQ(run_result.exit_code, 3);
-    EXPECT_NE(run_result.err.find("llama3-8b-s8192.json.zst"), std::string::npos) << run_result.err;
+    EXPECT_NE(run_result.err.find("llama3-8b-s8192-cuda.json.zst"), std::string::npos) << run_result.err;
   }
 }
 

@@ -35,7 +35,7 @@ constexpr const char* kExitCodeHelp =
     "  3  I/O error: graph file missing or unreadable, output not writable";
 
 // The graph `spillway plan` uses when none is named, relative to the source tree.
-constexpr const char* kDefaultGraph = "examples/graphs/llama3-8b-s8192.json.zst";
+constexpr const char* kDefaultGraph = "examples/graphs/llama3-8b-s8192-cuda.json.zst";
 
 // A file could not be found, read or written. Maps to exit code 3.
 class IoError : public Error {
