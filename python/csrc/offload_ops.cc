@@ -193,9 +193,10 @@ const bool kTorchAllocatorInstalled =
 TORCH_LIBRARY(spillway, m) {
   m.set_python_module("spillway.ops");
   // Note [Ops schemas].
-  m.def("offload(Tensor t) -> Tensor");
-  m.def("reload(Tensor host, Device device) -> Tensor");
-  m.def("wait_tensor(Tensor(a) t, Tensor? keepalive=None, Tensor? last_use=None) -> Tensor(a)");
+  m.def("offload(Tensor t) -> Tensor", {at::Tag::needs_contiguous_strides});
+  m.def("reload(Tensor host, Device device) -> Tensor", {at::Tag::needs_contiguous_strides});
+  m.def("wait_tensor(Tensor(a) t, Tensor? keepalive=None, Tensor? last_use=None) -> Tensor(a)",
+        {at::Tag::flexible_layout});
 }
 
 TORCH_LIBRARY_IMPL(spillway, CPU, m) { m.impl("offload", &offload); }

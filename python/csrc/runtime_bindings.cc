@@ -85,6 +85,16 @@ void init_runtime(py::module_& m) {
       py::arg("device"),
       "Pinned-pool counters of the runtime serving `device` (zeros before its first op).");
   m.def(
+      "set_fake_copy_delay",
+      [](int min_us, int max_us, std::uint64_t seed) {
+        FakeControls* fake = TransferTable::instance().runtime(DeviceKey{false, 0}).fake_controls();
+        fake->set_delay(FakeControls::Role::kD2H, min_us, max_us, seed);
+        fake->set_delay(FakeControls::Role::kH2D, min_us, max_us, seed + 1);
+      },
+      py::arg("min_us"), py::arg("max_us"), py::arg("seed") = 0,
+      "Test hook of the CPU path: before each copy task, the fake backend's copy streams "
+      "sleep a random time in [min_us, max_us] (0, 0: no delay), to expose missing waits.");
+  m.def(
       "cuda_built",
       [] {
 #ifdef SPILLWAY_TORCH_CUDA
