@@ -25,6 +25,12 @@
 // runtime drops its own reference, never the graph's (unlike ao::wait_tensor,
 // which resizes the keepalive's storage to zero).
 //
+// Streams: an op is ordered on the current stream of its device. As with
+// PyTorch's ao:: ops, a tensor is offloaded under the stream it was allocated
+// on: its storage is handed back to the caching allocator after that stream
+// waited for the D2H. Tensors of zero bytes move nothing; their wait is a
+// no-op.
+//
 // Errors: misuse raises ValueError (bad argument) or RuntimeError (a wait with
 // nothing in flight, a host tensor offload did not make); an exhausted pinned
 // budget raises torch.OutOfMemoryError. Messages start with "[ops] " or with
@@ -88,6 +94,7 @@ DeviceKey key_of(const c10::Device& device) {
   }
   TORCH_CHECK_VALUE(false, "[ops] device ", device,
                     " is not supported: spillway moves tensors of cpu or cuda devices");
+  return DeviceKey{};  // unreachable: TORCH_CHECK_VALUE(false, ...) throws
 }
 
 // The stream the op is ordered on: the current CUDA stream of the device, or

@@ -13,7 +13,8 @@ The pattern, as in PyTorch's ao:: activation-offload ops::
     y = wait_tensor(y, keepalive=host)     # compute waits for the H2D
 
 On CPU, CPU tensors play device memory and the runtime's fake backend moves
-them on worker threads, so the same code path runs without a GPU.
+them on worker threads, so the same code path runs without a GPU. Tensors of
+zero bytes move nothing; their wait is a no-op.
 
 Schemas (see Note [Ops schemas] in python/csrc/offload_ops.cc):
     offload(Tensor t) -> Tensor
@@ -27,7 +28,7 @@ graphs autograd has already built (the compiled joint graph, saved-tensor hooks)
 from __future__ import annotations
 
 import torch
-from torch.fx import has_side_effect
+from torch.fx.node import has_side_effect
 
 from spillway import _C
 
@@ -69,8 +70,8 @@ def _wait_tensor_functionalize(t, keepalive=None, last_use=None):
     """
 
     def unwrap(x):
-        if x is None:
-            return None
+        if x is None or not torch._is_functional_tensor(x):
+            return x
         torch._sync(x)
         return torch._from_functional_tensor(x)
 

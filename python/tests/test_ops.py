@@ -70,6 +70,15 @@ def test_round_trip_is_bit_exact(shape, dtype):
     assert ops.pending_waits() == 0
 
 
+def test_contiguous_slice_moves_only_its_bytes():
+    big = _random((10, 64), torch.float32)
+    part = big[2:5]  # contiguous, at an offset into a larger storage
+    before = ops.copy_stats("cpu")["bytes_d2h"]
+    host, y = _round_trip(part)
+    assert ops.copy_stats("cpu")["bytes_d2h"] - before == part.nbytes
+    assert torch.equal(host, part) and torch.equal(y, part)
+
+
 def test_empty_tensor_moves_nothing():
     x = torch.empty(0, 3)
     host, y = _round_trip(x)
