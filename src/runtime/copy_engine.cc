@@ -272,28 +272,34 @@ void CopyEngine::finish(const TransferPtr& t) noexcept {
   }
 }
 
-void CopyEngine::check_failures() {
+void CopyEngine::check_failures(const Transfer* spare) {
   for (auto& lane : lanes_) {
-    for (;;) {
-      TransferPtr front;
+    // Index walk: a skipped `spare` stays on the list. If another thread
+    // removes an entry meanwhile, one transfer may be looked at only by a
+    // later check; none is ever dropped unreported.
+    for (std::size_t i = 0;;) {
+      TransferPtr t;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (lane->outstanding.empty()) break;
-        front = lane->outstanding.front();
+        if (i >= lane->outstanding.size()) break;
+        t = lane->outstanding[i];
       }
-      bool complete = probe(front);
+      bool complete = probe(t);
       bool failed = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        failed = front->error_ != nullptr;
-        if (complete || failed) {
-          if (!lane->outstanding.empty() && lane->outstanding.front() == front) {
-            lane->outstanding.pop_front();
-          }
+        failed = t->error_ != nullptr;
+        if (failed && !t->reported_ && t.get() == spare) {
+          ++i;  // kept for a later check
+          continue;
         }
-        if (failed && !front->reported_) {
-          front->reported_ = true;
-          throw failure(*front, front->error_);
+        if (complete || failed) {
+          auto it = std::find(lane->outstanding.begin(), lane->outstanding.end(), t);
+          if (it != lane->outstanding.end()) lane->outstanding.erase(it);
+        }
+        if (failed && !t->reported_) {
+          t->reported_ = true;
+          throw failure(*t, t->error_);
         }
       }
       if (!complete && !failed) break;  // later transfers on this lane run after it

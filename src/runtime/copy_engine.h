@@ -104,7 +104,10 @@ class CopyEngine {
   void synchronize(const TransferPtr& transfer);
   // Throws TransferError for the first failed transfer not yet reported (by
   // a wait on it or an earlier check), marking it reported. Does not block.
-  void check_failures();
+  // A failure of `spare` is not reported here: it stays for a later check
+  // (a wait that has already acted on its own transfer passes that transfer,
+  // so a failure it can no longer undo is not blamed on it).
+  void check_failures(const Transfer* spare = nullptr);
   // Blocks until every chunk of `transfer` that was enqueued has run,
   // failed or not; raises nothing. For error paths that must not free
   // memory a copy still touches.

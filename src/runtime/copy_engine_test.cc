@@ -87,6 +87,25 @@ TEST(CopyEngine, FailedCopySurfacesAsTransferErrorAtTheWait) {
   EXPECT_EQ(dst, src);
 }
 
+TEST(CopyEngine, SparedFailureIsLeftForTheNextCheckAndReportedOnce) {
+  // A wait that already acted on its own transfer passes it as `spare`: its
+  // failure must not be raised there, yet must not be lost either.
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, {});
+  backend->fake_controls()->fail_next_copies(2);
+  std::vector<char> src(4096, 3), dst_a(4096), dst_b(4096);
+  TransferPtr a =
+      engine.submit(CopyKind::kDeviceToHost, dst_a.data(), src.data(), src.size(), 0, {});
+  TransferPtr b =
+      engine.submit(CopyKind::kDeviceToHost, dst_b.data(), src.data(), src.size(), 0, {});
+  engine.drain();  // both ran and failed; drain reports nothing
+  // Sparing `a` still reports `b`, which is behind it on the stream.
+  EXPECT_THROW(engine.check_failures(a.get()), TransferError);
+  EXPECT_NO_THROW(engine.check_failures(a.get()));
+  EXPECT_THROW(engine.check_failures(), TransferError);  // now `a`, once
+  EXPECT_NO_THROW(engine.check_failures());
+}
+
 TEST(CopyEngine, BadOptionsAreRejected) {
   auto backend = make_fake_backend({});
   EXPECT_THROW(CopyEngine(*backend, CopyEngineOptions{.chunk_bytes = 0}), InvalidArgument);

@@ -225,7 +225,12 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
     record->host = 0;
   }
   free_device(*record, stream->native());
-  check_earlier_failures();  // this wait is complete; report another copy's failure
+  // This wait is complete; report another copy's failure. Not our own D2H: if
+  // it failed after the checks above, the storage is already released, so
+  // raising it here would break "a failed wait_offload keeps the storage
+  // kResident". It counts as failing after this wait returned and is raised,
+  // once, by the next wait, reload or synchronize().
+  check_earlier_failures(copy->d2h.get());
 }
 
 DeviceValue ResidencyManager::reload(const HostHandle& handle, void* dst, ReleaseFn release,
@@ -377,9 +382,9 @@ void ResidencyManager::synchronize() {
   check_earlier_failures();
 }
 
-void ResidencyManager::check_earlier_failures() {
+void ResidencyManager::check_earlier_failures(const Transfer* own) {
   try {
-    engine_.check_failures();
+    engine_.check_failures(own);
   } catch (const TransferError& e) {
     throw TransferError(kComponent,
                         std::string("an earlier copy failed after its own wait; the value it "

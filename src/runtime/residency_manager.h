@@ -74,8 +74,9 @@ class ResidencyManager {
   std::unique_ptr<Stream> compute_stream(StreamHandle compute);
   void free_device(Record& record, void* stream) noexcept;
   void return_block(HostCopy& copy) noexcept;
-  // Raises (as TransferError) a copy failure no wait has reported yet.
-  void check_earlier_failures();
+  // Raises (as TransferError) a copy failure no wait has reported yet,
+  // except one of `own` (see CopyEngine::check_failures).
+  void check_earlier_failures(const Transfer* own = nullptr);
 
   Backend& backend_;
   PinnedPool& pool_;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -316,6 +317,27 @@ TEST_F(ResidencyVerified, FailedReloadCopyRaisesAtItsWaitAndTheHostCopySurvives)
   DeviceValue good = rt_.reload(h, 0, compute_);
   rt_.wait_reload(good.storage, compute_);
   EXPECT_EQ(check(good, 40), 0u);
+}
+
+TEST_F(Residency, OffloadCopyFailingAfterItsWaitIsRaisedOnceByTheNextCall) {
+  // The D2H cannot run before compute passes the gate, so it fails only after
+  // wait_offload returned: the wait succeeds (it cannot know), and the next
+  // synchronize() raises the failure exactly once.
+  auto gate = std::make_shared<std::promise<void>>();
+  std::shared_future<void> open = gate->get_future().share();
+  DeviceValue v = produce(600000, 41);
+  fake_->launch(compute_, [open] { open.wait(); });
+  fake_->fail_next_copies(1);
+  HostHandle h = rt_.offload(v.storage, compute_);
+  EXPECT_NO_THROW(rt_.wait_offload(h, v.storage, compute_));
+  EXPECT_EQ(rt_.state(v.storage), StorageState::kOnHost);
+  gate->set_value();
+  std::string what = message_of([&] { rt_.synchronize(); });
+  EXPECT_NE(what.find("an earlier copy failed after its own wait"), std::string::npos) << what;
+  EXPECT_NE(what.find("device-to-host copy of 600000 bytes failed"), std::string::npos) << what;
+  EXPECT_NO_THROW(rt_.synchronize());
+  rt_.release_host(h);
+  rt_.release(v.storage, compute_);
 }
 
 TEST_F(Residency, FailedOffloadCopyIsReportedExactlyOnce) {
