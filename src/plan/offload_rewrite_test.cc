@@ -24,6 +24,16 @@ std::vector<NodeId> node_args(const Node& n) {
   return out;
 }
 
+
+// The offload of `producer` in `plan`; fails the test when there is none.
+const Offload& offload_of(const Plan& plan, NodeId producer) {
+  for (const Offload& o : plan.offloads) {
+    if (o.producer == producer) return o;
+  }
+  ADD_FAILURE() << "no offload of node " << producer;
+  static const Offload kNone;
+  return kNone;
+}
 TEST(OffloadRewriteTest, OffloadWaitReloadWaitAndRedirect) {
   AttentionGraph a;
   Graph g = a.finish();
@@ -225,10 +235,9 @@ TEST(OffloadRewriteTest, ReloadsArePrefetchedRegionsEarlier) {
     options.prefetch_regions = regions;
     PlanResult r = plan_and_check(g, options);
     ASSERT_EQ(r.plan.offloads.size(), 3u);
-    std::map<NodeId, const Offload*> by_producer;
-    for (const Offload& o : r.plan.offloads) by_producer[o.producer] = &o;
     auto reload_at = [&](int layer) {
-      return position_of(r.graph, by_producer.at(l.q[static_cast<std::size_t>(layer)].id)->reload_node);
+      return position_of(r.graph,
+                         offload_of(r.plan, l.q[static_cast<std::size_t>(layer)].id).reload_node);
     };
     auto grad_at = [&](int layer) { return position_of(r.graph, l.grad[static_cast<std::size_t>(layer)].id); };
     // Backward regions run layer 2, 1, 0; region k starts at grad of layer 2-k.
@@ -238,7 +247,7 @@ TEST(OffloadRewriteTest, ReloadsArePrefetchedRegionsEarlier) {
       const int target_layer = 2 - target;
       const bool moved = target != region;
       SCOPED_TRACE("prefetch " + std::to_string(regions) + ", layer " + std::to_string(layer));
-      EXPECT_EQ(by_producer.at(l.q[static_cast<std::size_t>(layer)].id)->prefetched, moved);
+      EXPECT_EQ(offload_of(r.plan, l.q[static_cast<std::size_t>(layer)].id).prefetched, moved);
       EXPECT_LT(reload_at(layer), grad_at(target_layer));
       if (moved) {
         EXPECT_GT(reload_at(layer), grad_at(target_layer) - 4);  // just before it
@@ -255,12 +264,10 @@ TEST(OffloadRewriteTest, ReusedModuleMapsEachOccurrenceToItsOwnRegion) {
                  /*reader_opens_region=*/false);
   Graph g = l.b.build();
   PlanResult r = plan_and_check(g);
-  std::map<NodeId, const Offload*> by_producer;
-  for (const Offload& o : r.plan.offloads) by_producer[o.producer] = &o;
   // Layer 0's reload sits inside the last region (the second occurrence of the
   // shared module), so one region earlier is layer 1's region; mapping by name
   // to the first occurrence would have moved it before layer 2's region.
-  const Offload& layer0 = *by_producer.at(l.q[0].id);
+  const Offload& layer0 = offload_of(r.plan, l.q[0].id);
   const std::size_t reload0 = position_of(r.graph, layer0.reload_node);
   EXPECT_TRUE(layer0.prefetched);
   EXPECT_EQ(reload0 + 1, position_of(r.graph, l.opener[1].id));
@@ -275,9 +282,7 @@ TEST(OffloadRewriteTest, ReloadBeforeItsRegionCountsFromThePreviousOccurrence) {
                  /*reader_opens_region=*/true);
   Graph g = l.b.build();
   PlanResult r = plan_and_check(g);
-  std::map<NodeId, const Offload*> by_producer;
-  for (const Offload& o : r.plan.offloads) by_producer[o.producer] = &o;
-  const Offload& layer0 = *by_producer.at(l.q[0].id);
+  const Offload& layer0 = offload_of(r.plan, l.q[0].id);
   EXPECT_TRUE(layer0.prefetched);
   // Region of the first occurrence (layer 2's), minus one, clamps to it.
   EXPECT_LT(position_of(r.graph, layer0.reload_node), position_of(r.graph, l.grad[2].id));
