@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Workload T1 of BENCHMARKS.md: training step (forward + backward, no
+optimizer) of a Llama-style model with its saved activations managed by each
+method, side by side in one run.
+
+    python3 bench/torch/t1.py --method none --method spillway-eager ... \
+        --json t1.json --markdown t1.md
+
+Every method runs in its own subprocess (a fresh CUDA context and caching
+allocator, so one method's peak cannot leak into another's), on the same
+model shape and the same random input. Per method: median step time over
+--steps measured steps after --warmup steps, and the peak memory allocated
+during a measured step above what was allocated when it started (weights and
+the accumulated gradients: the "activation memory above resident weights" of
+BENCHMARKS.md). Methods:
+
+  none                   eager, nothing
+  ckpt-full              eager, every decoder layer under torch.utils.checkpoint
+                         (non-reentrant), HF's gradient_checkpointing_enable
+  save-on-cpu            eager, torch.autograd.graph.save_on_cpu(pin_memory=True)
+  spillway-eager         eager, spillway.eager.offload_activations; options
+                         after a colon: spillway-eager:scope=self_attn,prefetch=2
+  compiled               torch.compile (inductor), nothing
+  compiled-ckpt-full     torch.compile over the checkpointed layers
+  compiled-pt-offload    torch.compile with PyTorch's own activation offload
+                         (torch._functorch.config.enable_activation_offloading,
+                         separate stream, sink wait, reload prefetch)
+  spillway-compiled      spillway.compiled.compile; options after a colon
+
+--flat-steps N runs N more steps for spillway methods and records, per step,
+the memory allocated at the step's start, its peak, and the pinned pool's
+bytes, to show both stay flat.
+
+--tiny runs a 2-layer toy shape (for a smoke test on any device, CPU included;
+spillway then uses its fake backend, and peak memory is not measured on CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+T1 = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+          num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+          batch=4, seq=4096)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+            batch=2, seq=32)
+GIB = 1 << 30
+
+
+def _parse_method(spec: str) -> tuple[str, dict]:
+    name, _, rest = spec.partition(":")
+    options: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"[t1] bad option '{item}' in method '{spec}': expected key=value")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            options[key] = value
+    return name, options
+
+
+def _build(shape: dict, device: str, dtype):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["num_hidden_layers"],
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"], vocab_size=shape["vocab_size"],
+        max_position_embeddings=shape["seq"], attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    model.train()
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, shape["vocab_size"], (shape["batch"], shape["seq"]), generator=gen)
+    return model, ids.to(device)
+
+
+def _step_fn(name: str, options: dict, model, device: str):
+    """Returns (step(ids) -> loss, after_step() -> dict of method stats)."""
+    import torch
+
+    def plain(ids):
+        return model(input_ids=ids, labels=ids).loss
+
+    if name in ("ckpt-full", "compiled-ckpt-full"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if name in ("none", "ckpt-full"):
+        return plain, dict
+    if name == "save-on-cpu":
+        def step(ids):
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                return plain(ids)
+        return step, dict
+    if name == "spillway-eager":
+        from spillway import eager
+
+        def step(ids):
+            with eager.offload_activations(model, device=device, **options) as ctx:
+                loss = plain(ids)
+            step.last = ctx
+            return loss
+        step.last = None
+        return step, lambda: (step.last.stats() if step.last is not None else {})
+    if name in ("compiled", "compiled-ckpt-full", "compiled-pt-offload"):
+        if name == "compiled-pt-offload":
+            import torch._functorch.config as fconfig
+            fconfig.enable_activation_offloading = True
+            fconfig.activation_offload_separate_stream = True
+            fconfig.activation_offload_sink_wait = True
+            fconfig.activation_reload_prefetch = True
+        compiled = torch.compile(model)
+        return (lambda ids: compiled(input_ids=ids, labels=ids).loss), dict
+    if name == "spillway-compiled":
+        from spillway import compiled as sc
+        fn = sc.compile(model, **options)
+        return (lambda ids: fn(input_ids=ids, labels=ids).loss), \
+            (lambda: {"plans": [p if isinstance(p, dict) else str(p) for p in sc.last_plans()]}
+             if hasattr(sc, "last_plans") else {})
+    raise SystemExit(f"[t1] unknown method '{name}'")
+
+
+def _pool_bytes(device: str) -> dict:
+    try:
+        from spillway import _C
+    except ImportError:
+        return {}
+    key = "cuda:0" if device.startswith("cuda") else "cpu"
+    return _C.pool_stats(key)
+
+
+def run_one(spec: str, args) -> dict:
+    import torch
+
+    name, options = _parse_method(spec)
+    shape = TINY if args.tiny else T1
+    device = args.device
+    cuda = device.startswith("cuda")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model, ids = _build(shape, device, dtype)
+    step, stats = _step_fn(name, options, model, device)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+        if name.startswith("spillway"):
+            from spillway import _C
+            _C.synchronize()
+
+    def one_step():
+        sync()
+        start_alloc = torch.cuda.memory_allocated() if cuda else 0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        loss = step(ids)
+        loss.backward()
+        sync()
+        dt = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated() if cuda else 0
+        return dt, start_alloc, peak, float(loss.detach().float())
+
+    t_build = time.perf_counter()
+    for _ in range(args.warmup):
+        one_step()
+    warm_s = time.perf_counter() - t_build
+    times, above, peaks, losses = [], [], [], []
+    for _ in range(args.steps):
+        dt, start_alloc, peak, loss = one_step()
+        times.append(dt)
+        above.append(peak - start_alloc)
+        peaks.append(peak)
+        losses.append(loss)
+    result = dict(
+        method=spec, device=torch.cuda.get_device_name() if cuda else "cpu",
+        torch=torch.__version__, shape=shape, dtype=args.dtype,
+        warmup_s=round(warm_s, 2), step_ms_median=1e3 * statistics.median(times),
+        step_ms_all=[round(1e3 * t, 2) for t in times],
+        activation_gib=max(above) / GIB if cuda else None,
+        peak_allocated_gib=max(peaks) / GIB if cuda else None,
+        weights_and_grads_gib=(torch.cuda.memory_allocated() / GIB) if cuda else None,
+        loss_first=losses[0], method_stats=stats())
+    if name.startswith("spillway"):
+        result["pool"] = _pool_bytes(device)
+        if args.flat_steps:
+            flat = []
+            for _ in range(args.flat_steps):
+                dt, start_alloc, peak, _loss = one_step()
+                flat.append((start_alloc, peak, _pool_bytes(device).get("bytes_pinned", 0)))
+            cols = list(zip(*flat))
+            result["flat"] = {
+                "steps": args.flat_steps,
+                "start_alloc_min_max": [min(cols[0]), max(cols[0])],
+                "peak_min_max": [min(cols[1]), max(cols[1])],
+                "pinned_min_max": [min(cols[2]), max(cols[2])],
+            }
+    return result
+
+
+def render(results: list[dict], command: str) -> str:
+    base = {r["method"]: r for r in results}
+    out = []
+    first = results[0]
+    out.append(f"# T1 on {first['device']}, torch {first['torch']}\n")
+    out.append(f"Command: `{command}`  ")
+    shape = first["shape"]
+    out.append(f"Shape: {shape}, {first['dtype']}; median step time over the measured steps; "
+               "activation = peak allocated during a step minus allocated at its start.\n")
+    out.append("| method | step ms | x none | x compiled | activation GiB | peak GiB | bytes offloaded |")
+    out.append("|---|---|---|---|---|---|---|")
+    none = base.get("none")
+    comp = base.get("compiled")
+    for r in results:
+        if "error" in r:
+            out.append(f"| {r['method']} | error: {r['error'][:120]} | | | | | |")
+            continue
+        ms = r["step_ms_median"]
+        xn = f"{ms / none['step_ms_median']:.2f}" if none and "error" not in none else "-"
+        xc = f"{ms / comp['step_ms_median']:.2f}" if comp and "error" not in comp else "-"
+        act = f"{r['activation_gib']:.2f}" if r.get("activation_gib") is not None else "-"
+        peak = f"{r['peak_allocated_gib']:.2f}" if r.get("peak_allocated_gib") is not None else "-"
+        moved = r.get("method_stats", {}).get("bytes_offloaded")
+        moved = f"{moved / GIB:.2f} GiB" if isinstance(moved, (int, float)) else "-"
+        out.append(f"| {r['method']} | {ms:.1f} | {xn} | {xc} | {act} | {peak} | {moved} |")
+    flats = [r for r in results if "flat" in r]
+    if flats:
+        out.append("\nFlat over many steps (bytes: min / max over the steps):\n")
+        out.append("| method | steps | allocated at step start | step peak | pinned |")
+        out.append("|---|---|---|---|---|")
+        for r in flats:
+            f = r["flat"]
+            cells = [f"{a} / {b}" for a, b in (f["start_alloc_min_max"], f["peak_min_max"],
+                                                f["pinned_min_max"])]
+            out.append(f"| {r['method']} | {f['steps']} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--method", action="append", default=[])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--flat-steps", type=int, default=0)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per method")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < 1 or args.warmup < 0 or args.flat_steps < 0:
+        parser.error("--steps must be >= 1, --warmup and --flat-steps >= 0")
+    if args.one:
+        print("T1RESULT " + json.dumps(run_one(args.one, args)), flush=True)
+        return 0
+    methods = args.method or ["none", "spillway-eager"]
+    passthrough = [a for a in sys.argv[1:]]
+    results = []
+    for spec in methods:
+        _parse_method(spec)  # reject bad options before spending time
+        cmd = [sys.executable, __file__, "--one", spec] + [
+            a for i, a in enumerate(passthrough)
+            if a != "--method" and (i == 0 or passthrough[i - 1] != "--method")]
+        print(f"[t1] {spec} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("T1RESULT ")]
+            if proc.returncode != 0 or not lines:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                results.append(dict(method=spec, error=" / ".join(tail) or f"rc={proc.returncode}"))
+            else:
+                results.append(json.loads(lines[-1][len("T1RESULT "):]))
+        except subprocess.TimeoutExpired:
+            results.append(dict(method=spec, error=f"timed out after {args.timeout} s"))
+        r = results[-1]
+        print(f"[t1] {spec}: " + (f"error {r['error']}" if "error" in r else
+              f"{r['step_ms_median']:.1f} ms, activation {r['activation_gib']} GiB")
+              + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    command = "python3 bench/torch/t1.py " + " ".join(passthrough)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    table = render(results, command)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    print(table)
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
