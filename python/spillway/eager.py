@@ -1,0 +1,478 @@
+"""Eager activation offload: saved tensors of chosen modules go to host memory.
+
+    with spillway.eager.offload_activations(model, scope="self_attn", min_bytes=1 << 20):
+        loss = model(x).loss
+    loss.backward()
+
+Under the context, autograd's saved-tensor hooks hand every tensor saved for
+backward to spillway. Those saved while a *scope module* runs (a layer) are
+copied to pinned host memory with spillway::offload and their device memory is
+handed back to the caching allocator; backward brings them back with
+spillway::reload, a layer or more ahead of need. Everything else is left alone.
+
+Scope. `scope` names modules by the last component of their qualified name
+("self_attn" matches model.layers.3.self_attn) or by class name
+("LlamaDecoderLayer"); a list of such names matches any of them. None or "*"
+means every element of the model's largest nn.ModuleList (the decoder layers of
+Hugging Face models: model.layers, transformer.h). A scope module called inside
+another one belongs to the outer one's layer.
+
+Eligible tensors: saved while a scope module runs forward, on the target device
+(`device`, default the device of the model's first parameter when that is a
+CUDA device; a CPU model offloads nothing unless device="cpu" asks for it, which
+is how tests drive the fake backend), storage of at least min_bytes bytes, not
+the storage of a parameter or buffer of the model, a plain strided tensor.
+
+Design decisions (see also _eager_store.py):
+  * Deduplication by untyped storage. A storage is offloaded once, whole, as a
+    flat uint8 tensor; every saved view of it (non-contiguous views, aliases,
+    the q/k/v slices of one projection, the rotary tables every layer saves) is
+    rebuilt on unpack with its dtype, size, stride and storage offset.
+  * Forward release lag. The D2H starts in pack; its wait (which lets the device
+    memory go) runs at the end of the scope module `lag` layers later (default
+    1: the copy of layer i overlaps the compute of layer i+1).
+  * The tail stays resident. At context exit, or when backward starts inside
+    the context, the waits still pending (the last `lag` layers, needed first by
+    backward) run but their device memory is kept: backward reads them without a
+    reload and without a stall. Their host copies exist all the same, so a
+    second backward (retain_graph) reloads them. torchtune's OffloadActivations
+    does the same for its last stashed activations.
+  * Backward prefetch. The first unpack of layer i reloads all of layer i and
+    starts the reloads of the `prefetch` layers before it (i-1, ..., i-prefetch,
+    of the same forward pass); each unpack waits only for its own storage. A
+    device copy is let go once every live handle of its storage was unpacked in
+    the current backward; what a backward prefetched and did not use is waited
+    for and let go when that backward ends.
+  * Version check. Saved-tensor hooks switch autograd's in-place check off; the
+    context checks versions itself and raises autograd's own error.
+  * Outer hooks win. If saved-tensor hooks are already active when the context
+    is entered (torch.utils.checkpoint's, or another offloader's), they own the
+    saved tensors; the context stays inactive (stats()["inactive"] says why).
+    Inside the context, torch.utils.checkpoint regions work as usual (their
+    hooks are innermost there).
+  * A full pinned pool is not an error: the tensor stays on the device
+    (skipped reason "host_full").
+
+Thread-safety: one context serves one model; its state is guarded by a lock,
+so backward may run on autograd's device threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import warnings
+import weakref
+from typing import Iterable
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from spillway import ops
+from spillway._eager_store import _Entry, _Handle, _Kept, _Layer, version_witness
+
+__all__ = ["offload_activations", "OffloadActivations"]
+
+_SKIP_REASONS = ("outside_scope", "backward", "unsupported", "other_device", "parameter",
+                 "small", "host_full")
+
+# Models with an active context: two contexts on one model would double its hooks.
+_active_models: "weakref.WeakKeyDictionary[nn.Module, OffloadActivations]" = (
+    weakref.WeakKeyDictionary())
+
+
+def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "self_attn",
+                        min_bytes: int = 1 << 20, prefetch: int = 1,
+                        device: torch.device | str | None = None,
+                        lag: int = 1) -> "OffloadActivations":
+    """The context manager that offloads the activations saved by `model`'s scope modules.
+
+    Args:
+      model: the module whose forward runs under the context.
+      scope: which submodules are layers (see the module docstring).
+      min_bytes: storages smaller than this stay on the device.
+      prefetch: how many layers ahead of need backward reloads (0: on demand).
+      device: the device whose tensors are offloaded (cpu or cuda[:N]).
+      lag: how many layers later the forward wait of a layer runs (0: at the end
+        of the layer itself); the last `lag` layers stay resident for backward.
+
+    Raises ValueError for a non-module model, negative min_bytes/prefetch/lag,
+    an unknown device, or a scope matching no module.
+    """
+    return OffloadActivations(model, scope=scope, min_bytes=min_bytes, prefetch=prefetch,
+                              device=device, lag=lag)
+
+
+def _check_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"[eager] {name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"[eager] {name} must be >= 0, got {value}")
+    return value
+
+
+def _target_device(model: nn.Module, device) -> tuple[torch.device, bool]:
+    """The device whose tensors move, and whether offload is enabled for it."""
+    if device is None:
+        first = next(itertools.chain(model.parameters(), model.buffers()), None)
+        if first is None:
+            raise ValueError("[eager] the model has no parameter or buffer to take the device "
+                             "from; pass device=")
+        target = first.device
+        enabled = target.type == "cuda"  # a CPU model has no device memory to spare
+    else:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"[eager] unknown device {device!r}: expected cpu, cuda or "
+                             f"cuda:N ({e})") from None
+        enabled = True
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"[eager] device {target}: torch has no usable CUDA here")
+        if not ops.cuda_built():
+            raise ValueError(f"[eager] device {target}: spillway._C was built without CUDA")
+        if target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+    elif target.type != "cpu":
+        raise ValueError(f"[eager] device {target} is not supported: spillway moves tensors "
+                         "of cpu or cuda devices")
+    return target, enabled
+
+
+def _scope_modules(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
+    """The (qualified name, module) pairs `scope` selects; ValueError when none."""
+    if scope is None or scope == "*":
+        lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+        best = max(lists, key=lambda nm: len(nm[1]), default=None)
+        found = [] if best is None else [(f"{best[0]}.{i}" if best[0] else str(i), m)
+                                         for i, m in enumerate(best[1])]
+        wanted = "every element of the largest nn.ModuleList"
+    else:
+        names = [scope] if isinstance(scope, str) else list(scope)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"[eager] scope must be a module name, a class name, a list of "
+                             f"them, None or '*'; got {scope!r}")
+        wanted_set = set(names)
+        found = [(name, m) for name, m in model.named_modules()
+                 if name.rsplit(".", 1)[-1] in wanted_set or type(m).__name__ in wanted_set]
+        wanted = repr(scope)
+    if not found:
+        seen = []
+        for name, m in model.named_modules():
+            label = f"{name.rsplit('.', 1)[-1] or '<root>'} ({type(m).__name__})"
+            if label not in seen:
+                seen.append(label)
+        raise ValueError(f"[eager] scope {wanted} matches no module of {type(model).__name__}; "
+                         f"modules there include: {', '.join(seen[:12])}")
+    return found
+
+
+class OffloadActivations:
+    """The context of offload_activations(); see the module docstring."""
+
+    def __init__(self, model, scope="self_attn", min_bytes=1 << 20, prefetch=1, device=None,
+                 lag=1):
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"[eager] model must be a torch.nn.Module, got "
+                             f"{type(model).__name__}")
+        self._min_bytes = _check_count("min_bytes", min_bytes)
+        self._prefetch = _check_count("prefetch", prefetch)
+        self._lag = _check_count("lag", lag)
+        self._device, self._enabled = _target_device(model, device)
+        self._scope = _scope_modules(model, scope)
+        self._model = model
+
+        self._lock = threading.RLock()
+        self._active = False
+        self._hooks_cm = None
+        self._module_hooks = []
+        self._param_storages: set = set()
+        self._entries: dict = {}  # StorageWeakRef -> weakref(_Entry), storages offloaded
+        self._layers: dict[int, _Layer] = {}
+        self._pending: collections.deque[_Layer] = collections.deque()  # forward waits due
+        self._next_layer = 0
+        self._pass_id = 0
+        self._depth = 0  # nesting of scope module calls
+        self._current: _Layer | None = None
+        self._tasks_seen: set = set()
+        self._inactive: str | None = None
+        self._stats = {"tensors_seen": 0, "tensors_offloaded": 0, "storages_offloaded": 0,
+                       "bytes_offloaded": 0, "deduplicated": 0,
+                       "skipped": dict.fromkeys(_SKIP_REASONS, 0),
+                       "reloads_prefetched": 0, "reloads_on_demand": 0, "bytes_reloaded": 0,
+                       "kept_resident": 0, "bytes_kept_resident": 0, "layers": 0}
+
+    # ---- context ------------------------------------------------------------
+
+    def __enter__(self) -> "OffloadActivations":
+        if self._active:
+            raise RuntimeError("[eager] this offload_activations context is already entered")
+        if not self._enabled:
+            self._inactive = (f"the model is on {self._device}, which has no device memory to "
+                              "spare; pass device='cpu' to offload CPU tensors anyway")
+            self._active = True
+            return self
+        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+            self._inactive = ("saved-tensor hooks were already active (torch.utils.checkpoint "
+                              "or another offloader): they own the saved tensors")
+            self._active = True
+            return self
+        other = _active_models.get(self._model)
+        if other is not None:
+            raise RuntimeError("[eager] offload_activations is already active on this "
+                               f"{type(self._model).__name__}")
+        self._inactive = None
+        self._param_storages = {
+            StorageWeakRef(t.untyped_storage())
+            for t in itertools.chain(self._model.parameters(), self._model.buffers())}
+        self._module_hooks = [self._model.register_forward_pre_hook(self._on_model_call)]
+        for _, module in self._scope:
+            self._module_hooks.append(module.register_forward_pre_hook(self._on_layer_start))
+            self._module_hooks.append(
+                module.register_forward_hook(self._on_layer_end, always_call=True))
+        self._hooks_cm = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks_cm.__enter__()
+        _active_models[self._model] = self
+        self._active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._active = False
+        if self._inactive is not None:
+            return
+        try:
+            self._hooks_cm.__exit__(*exc)
+        finally:
+            for h in self._module_hooks:
+                h.remove()
+            self._module_hooks = []
+            self._depth = 0
+            self._current = None
+            _active_models.pop(self._model, None)
+            self._param_storages = set()
+            with self._lock:
+                self._finish_forward_waits(keep_resident=True)
+
+    def stats(self) -> dict:
+        """Counters since the context was made (copies; safe to keep).
+
+        tensors_seen: saved tensors packed; tensors_offloaded: of them, backed by a
+        host copy; storages_offloaded / bytes_offloaded: unique storages moved to
+        host; deduplicated: saved tensors that reused another's host copy;
+        skipped: {reason: count}; reloads_prefetched / reloads_on_demand /
+        bytes_reloaded: storages brought back ahead of need / when needed;
+        kept_resident / bytes_kept_resident: tail storages backward read in
+        place; layers: scope module calls seen; inactive: why nothing ran, or None.
+        """
+        with self._lock:
+            out = dict(self._stats)
+            out["skipped"] = dict(self._stats["skipped"])
+            out["inactive"] = self._inactive
+            out["device"] = str(self._device)
+            return out
+
+    # ---- module hooks -------------------------------------------------------
+
+    @staticmethod
+    def _in_backward() -> bool:
+        # A checkpoint's recompute runs modules during backward: not a forward.
+        return torch._C._current_graph_task_id() != -1
+
+    def _on_model_call(self, module, args):
+        if not self._in_backward():
+            self._pass_id += 1
+
+    def _on_layer_start(self, module, args):
+        if self._in_backward():
+            return
+        self._depth += 1
+        if self._depth > 1:
+            return
+        with self._lock:
+            layer = _Layer(self._next_layer, self._pass_id)
+            self._next_layer += 1
+            self._layers[layer.index] = layer
+            self._current = layer
+            self._stats["layers"] += 1
+            if layer.index % 16 == 0:
+                self._prune_layers()
+
+    def _on_layer_end(self, module, args, output):
+        if self._in_backward() or self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        with self._lock:
+            done = self._current
+            self._current = None
+            if done is None:
+                return
+            due = done.index - self._lag
+            while self._pending and self._pending[0].index <= due:
+                self._finish_layer(self._pending.popleft(), keep_resident=False)
+
+    def _prune_layers(self) -> None:
+        for index in [i for i, layer in self._layers.items() if layer.dead()]:
+            del self._layers[index]
+
+    # ---- forward waits ------------------------------------------------------
+
+    def _finish_layer(self, layer: _Layer, keep_resident: bool) -> None:
+        pending, layer.pending = layer.pending, []
+        failures = 0
+        for entry in pending:
+            try:
+                entry.finish_forward(keep_resident)
+            except RuntimeError as e:
+                failures += 1
+                last = e
+            if keep_resident and entry.resident:
+                self._stats["kept_resident"] += 1
+                self._stats["bytes_kept_resident"] += entry.nbytes
+        if failures:
+            warnings.warn(f"[eager] {failures} offload(s) of layer {layer.index} failed; their "
+                          f"tensors stay on {self._device}: {last}", RuntimeWarning, stacklevel=3)
+
+    def _finish_forward_waits(self, keep_resident: bool) -> None:
+        while self._pending:
+            self._finish_layer(self._pending.popleft(), keep_resident)
+
+    # ---- pack ---------------------------------------------------------------
+
+    def _skip_reason(self, t: torch.Tensor) -> str | None:
+        if self._in_backward():
+            return "backward"
+        if self._current is None:
+            return "outside_scope"
+        if isinstance(t, nn.Parameter):
+            return "parameter"
+        if (type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized
+                or t.is_nested or t.is_conj() or t.is_neg()):
+            return "unsupported"
+        if t.device != self._device:
+            return "other_device"
+        return None
+
+    def _pack(self, t: torch.Tensor):
+        with self._lock:
+            self._stats["tensors_seen"] += 1
+            reason = self._skip_reason(t)
+            if reason is None:
+                storage = t.untyped_storage()
+                nbytes = storage.nbytes()
+                key = StorageWeakRef(storage)
+                if key in self._param_storages:
+                    reason = "parameter"
+                elif nbytes == 0 or nbytes < self._min_bytes:
+                    reason = "small"
+            if reason is not None:
+                self._stats["skipped"][reason] += 1
+                return _Kept(t)
+            return self._pack_offloaded(t, storage, key)
+
+    def _pack_offloaded(self, t, storage, key):
+        layer = self._current
+        witness = version_witness(t)
+        version = t._version
+        ref = self._entries.get(key)
+        entry = ref() if ref is not None else None
+        if entry is not None and entry.reusable_for(t):
+            self._stats["deduplicated"] += 1
+        else:
+            flat = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+            try:
+                entry = _Entry(self, key, layer, flat, witness, version)
+            except torch.OutOfMemoryError:
+                self._stats["skipped"]["host_full"] += 1
+                return _Kept(t)
+            self._entries[key] = weakref.ref(entry)
+            layer.pending.append(entry)
+            if not self._pending or self._pending[-1] is not layer:
+                self._pending.append(layer)
+            self._stats["storages_offloaded"] += 1
+            self._stats["bytes_offloaded"] += entry.nbytes
+        layer.add(entry)
+        self._stats["tensors_offloaded"] += 1
+        return _Handle(entry, layer, t, witness, version)
+
+    def _forget_entry(self, key) -> None:
+        with self._lock:
+            ref = self._entries.get(key)
+            if ref is not None and ref() is None:
+                del self._entries[key]
+
+    # ---- unpack -------------------------------------------------------------
+
+    def _unpack(self, packed):
+        if isinstance(packed, _Kept):
+            return packed.unpack()
+        packed.check_version()
+        entry = packed.entry
+        with self._lock:
+            task = torch._C._current_graph_task_id()
+            if task != -1 and task not in self._tasks_seen:
+                self._start_backward(task)
+            if entry.forward_pending:
+                # Unpacked before its layer's wait (backward started outside any
+                # graph task, or grad_fn._saved_* read by hand): read it in place.
+                self._finish_layer_of(entry)
+            if task != -1:
+                self._prefetch_from(packed.layer, task)
+            if entry.device is None:
+                self._start_reload(entry, "reloads_on_demand")
+            entry.finish_reload()
+            flat = entry.device
+            entry.mark_unpacked(packed.serial, task)
+        return packed.rebuild(flat)
+
+    def _finish_layer_of(self, entry: _Entry) -> None:
+        layer = entry.layer
+        if layer in self._pending:
+            self._pending.remove(layer)
+        self._finish_layer(layer, keep_resident=True)
+
+    def _start_backward(self, task) -> None:
+        """First unpack of a backward: remaining forward waits run, cleanup is queued."""
+        self._tasks_seen.add(task)
+        self._finish_forward_waits(keep_resident=True)
+        torch.autograd.Variable._execution_engine.queue_callback(
+            lambda: self._end_backward(task))
+
+    def _end_backward(self, task) -> None:
+        """Reloads this backward started and did not use: wait, then let them go."""
+        with self._lock:
+            self._tasks_seen.discard(task)
+            for layer in list(self._layers.values()):
+                if layer.prefetched_task == task:
+                    layer.prefetched_task = None
+                for entry in layer.live_entries():
+                    if entry.reload_pending:
+                        entry.finish_reload()
+                        entry.device = None
+
+    def _prefetch_from(self, layer: _Layer, task) -> None:
+        """Reloads layer `layer` and the `prefetch` layers before it (same pass)."""
+        if layer.prefetched_task == task:
+            return
+        layer.prefetched_task = task
+        # The unpacking layer's own storages are needed now: "on demand".
+        self._reload_layer(layer, task, "reloads_on_demand")
+        for back in range(1, self._prefetch + 1):
+            earlier = self._layers.get(layer.index - back)
+            if earlier is None or earlier.pass_id != layer.pass_id:
+                break
+            self._reload_layer(earlier, task, "reloads_prefetched")
+
+    def _reload_layer(self, layer: _Layer, task, counter: str) -> None:
+        for entry in layer.live_entries():
+            if entry.device is None and entry.host is not None and entry.needed_in(task):
+                self._start_reload(entry, counter)
+
+    def _start_reload(self, entry: _Entry, counter: str) -> None:
+        entry.start_reload()
+        self._stats[counter] += 1
+        self._stats["bytes_reloaded"] += entry.nbytes

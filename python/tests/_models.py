@@ -1,0 +1,52 @@
+"""Tiny Hugging Face models for tests: deterministic weights and inputs from a seed.
+
+    model, input_ids = tiny_llama(seed, device="cpu", dtype=torch.float32)
+    loss = model(input_ids, labels=input_ids).loss
+
+Dropout is off, so two forward passes of one model give bit-equal results.
+Keyword arguments size the model (defaults: 2 layers, hidden 64, vocab 128,
+batch 2, sequence 32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _input_ids(seed: int, vocab: int, batch: int, seq: int, device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+
+
+def tiny_llama(seed: int, device="cpu", dtype=torch.float32, *, layers: int = 2,
+               hidden: int = 64, intermediate: int | None = None, heads: int = 4,
+               kv_heads: int = 2, vocab: int = 128, batch: int = 2, seq: int = 32):
+    """A LlamaForCausalLM (sdpa attention) and input ids, both on `device`."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        vocab_size=vocab, max_position_embeddings=max(64, seq), attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(config)
+    model.to(device=device, dtype=dtype).train()
+    return model, _input_ids(seed, vocab, batch, seq, device)
+
+
+def tiny_gpt2(seed: int, device="cpu", dtype=torch.float32, *, layers: int = 2,
+              hidden: int = 64, heads: int = 4, vocab: int = 128, batch: int = 2,
+              seq: int = 32):
+    """A GPT2LMHeadModel (sdpa attention, no dropout) and input ids, both on `device`."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=vocab,
+        n_positions=max(64, seq), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.GPT2LMHeadModel(config)
+    model.to(device=device, dtype=dtype).train()
+    return model, _input_ids(seed, vocab, batch, seq, device)
