@@ -11,4 +11,7 @@ namespace spillway::python {
 // cuda_built (runtime_bindings.cc).
 void init_runtime(pybind11::module_& m);
 
+// spillway._C: plan_activation_offload (plan_bindings.cc).
+void init_plan(pybind11::module_& m);
+
 }  // namespace spillway::python

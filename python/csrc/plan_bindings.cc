@@ -1,0 +1,114 @@
+// Python access to the activation-offload planner: a joint graph in (the JSON
+// of docs/graph-format.md, as spillway.fx_export writes it), the plan out as
+// JSON. The plan's JSON is the CLI's (`spillway plan --json`, written by
+// cli/plan_report) plus the edits themselves, each inserted node complete as
+// the rewritten graph carries it (written by the IR's own writer), so Python
+// can replay them on an FX graph without a second serialiser.
+//
+// The planner runs without the GIL: it touches no Python object.
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "bindings.h"
+#include "cli/plan_report.h"
+#include "spillway/error.h"
+#include "spillway/graph.h"
+#include "spillway/plan.h"
+
+namespace py = pybind11;
+
+namespace spillway::python {
+namespace {
+
+using nlohmann::json;
+
+ActivationMode parse_mode(const std::string& mode) {
+  if (mode == "scope") return ActivationMode::kScope;
+  if (mode == "none") return ActivationMode::kNone;
+  throw InvalidArgument("plan", "mode must be 'scope' or 'none', got '" + mode + "'");
+}
+
+// Each edit of plan.edits in order; insertions carry their node as the
+// rewritten graph's JSON writes it.
+json edit_list(const PlanResult& result) {
+  const json graph = json::parse(write_graph(result.graph));
+  std::unordered_map<NodeId, const json*> node_by_id;
+  for (const json& node : graph.at("nodes")) node_by_id.emplace(node.at("id").get<NodeId>(), &node);
+
+  json edits = json::array();
+  for (const Edit& edit : result.plan.edits) {
+    json entry = {{"kind", std::string(to_string(edit.kind))}, {"source", edit.source}};
+    if (edit.kind == EditKind::kRedirect) {
+      entry["reader"] = edit.reader;
+      entry["from"] = edit.from;
+      entry["to"] = edit.to;
+    } else {
+      auto it = node_by_id.find(edit.node.id);
+      if (it == node_by_id.end()) {
+        throw Error("plan", "edit node " + std::to_string(edit.node.id) + " (" + edit.node.name +
+                                ") is missing from the rewritten graph");
+      }
+      entry["node"] = *it->second;
+      entry["anchor"] = edit.anchor;
+      entry["placement"] = edit.placement == Placement::kAfter ? "after" : "before";
+    }
+    edits.push_back(std::move(entry));
+  }
+  return edits;
+}
+
+std::string plan_to_json(const std::string& graph_json, const ActivationPlanOptions& options) {
+  const Graph graph = parse_graph(graph_json);
+  const PlanResult result = plan_activation_offload(graph, options);
+  verify_offload_graph(graph, result.graph);
+  json out = json::parse(cli::format_plan_json(graph, result));
+  out["edit_list"] = edit_list(result);
+  return out.dump();
+}
+
+}  // namespace
+
+void init_plan(py::module_& m) {
+  m.def(
+      "plan_activation_offload",
+      [](const std::string& graph_json, const std::string& scope, std::int64_t host_budget_bytes,
+         std::int64_t min_bytes, int prefetch_regions, const std::string& mode) {
+        ActivationPlanOptions options;
+        options.scope = scope;
+        options.host_budget_bytes = host_budget_bytes;
+        options.min_bytes = min_bytes;
+        options.prefetch_regions = prefetch_regions;
+        try {
+          options.mode = parse_mode(mode);
+          py::gil_scoped_release release;
+          return plan_to_json(graph_json, options);
+        } catch (const InvalidArgument& e) {
+          throw py::value_error(e.what());
+        } catch (const InvalidGraph& e) {
+          throw py::value_error(e.what());
+        } catch (const Error& e) {
+          throw std::runtime_error(e.what());
+        }
+      },
+      py::arg("graph_json"), py::kw_only(), py::arg("scope") = ActivationPlanOptions{}.scope,
+      py::arg("host_budget_bytes") = ActivationPlanOptions{}.host_budget_bytes,
+      py::arg("min_bytes") = ActivationPlanOptions{}.min_bytes,
+      py::arg("prefetch_regions") = ActivationPlanOptions{}.prefetch_regions,
+      py::arg("mode") = "scope",
+      "Plans activation offload for a joint forward+backward graph given as Spillway graph "
+      "JSON (docs/graph-format.md) and returns the plan as JSON text: the fields of "
+      "`spillway plan --json` (decisions with rule names, offloads, counts) plus 'edit_list', "
+      "the edits in application order (kind, source; insertions: the new node as the "
+      "rewritten graph holds it, anchor, placement 'after'/'before'; redirects: reader, from, "
+      "to). mode 'none' plans nothing. Raises ValueError for an option out of range, a scope "
+      "that matches no module (the message names it) or an invalid graph (the message names "
+      "the node), with the planner's own message.");
+}
+
+}  // namespace spillway::python

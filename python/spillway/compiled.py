@@ -1,0 +1,310 @@
+"""Activation offload under torch.compile: the compiled-graph pass.
+
+    import spillway.compiled
+    model = spillway.compiled.compile(model, scope="self_attn", min_bytes=1 << 20)
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    spillway.compiled.last_plans()   # what each compiled joint graph planned
+
+For every joint forward+backward graph that aot_autograd builds, the pass
+exports the graph to the Spillway IR (spillway.fx_export), asks the C++
+planner (spillway._C.plan_activation_offload) which saved activations move to
+host memory, and replays the plan's edits on the FX graph with
+torch.ops.spillway.{offload, wait_tensor, reload}, before the partitioner
+splits it. The forward then saves the host copy instead of the activation.
+
+Where the pass hooks in (Note [Joint hook]):
+  * backend="inductor": Inductor's joint_custom_post_pass (torch._inductor.config),
+    which runs on the joint graph inside Inductor's partition_fn, after
+    Inductor's own joint passes and right before the min-cut partitioner. The
+    nodes still carry meta["val"], nn_module_stack and the partitioner tags
+    (is_forward / is_backward) that the exporter reads.
+  * backend="aot_eager": an aot_autograd backend whose partition_fn runs the
+    same pass and then the min-cut partitioner (what torch's aot_eager uses),
+    with no-op forward/backward compilers. For debugging the edits without
+    Inductor.
+Both bypass Inductor's FX graph cache and AOTAutograd's cache (the pass has no
+cache key), so each compile re-plans and last_plans() sees every graph.
+
+Dynamic shapes: the exporter and the edits read size hints only, with guard
+recording suppressed; unbacked sizes are never offloaded (the planner's
+unknown_size rule). The pass adds no guard.
+
+Errors: options out of range raise ValueError from compile() at once; a scope
+that matches no module of a graph raises ValueError (the planner's message,
+naming the scope) from the first call that compiles that graph.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import threading
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from spillway import _C
+from spillway import ops as _ops  # registers the fake kernels  # noqa: F401
+from spillway._compiled_apply import EditReplayer
+from spillway.fx_export import export_graph_module
+
+__all__ = ["CompiledPlan", "compile", "last_plans", "spillway_op_counts"]
+
+_SPILLWAY_OPS = {
+    torch.ops.spillway.offload.default: "offload",
+    torch.ops.spillway.reload.default: "reload",
+    torch.ops.spillway.wait_tensor.default: "wait_tensor",
+}
+
+
+@dataclasses.dataclass
+class CompiledPlan:
+    """What the pass planned for one compiled joint graph, and where the edits landed.
+
+    plan: the planner's JSON as a dict (the fields of `spillway plan --json`:
+    decisions with rule names, offloads, counts; plus edit_list).
+    forward_ops / backward_ops: spillway ops per name ("offload", "reload",
+    "wait_tensor") in the forward and backward graph modules handed to the
+    compiler (filled in when those graphs are compiled).
+    """
+
+    plan: dict
+    forward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    backward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    @property
+    def chosen(self) -> list[str]:
+        """Names of the offloaded activations, largest first."""
+        return [o["name"] for o in self.plan["offloads"]]
+
+    @property
+    def bytes_offloaded(self) -> int:
+        return int(self.plan["bytes_offloaded"])
+
+
+def spillway_op_counts(graph: torch.fx.Graph) -> collections.Counter:
+    """How many offload / reload / wait_tensor nodes `graph` has."""
+    return collections.Counter(
+        _SPILLWAY_OPS[n.target] for n in graph.nodes
+        if n.op == "call_function" and n.target in _SPILLWAY_OPS)
+
+
+class _PlanRejected(Exception):
+    """The planner refused a graph (ValueError); carried out of the compiler stack."""
+
+    def __init__(self, error: ValueError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _find_rejection(error: BaseException) -> _PlanRejected | None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, _PlanRejected):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _raise_on_call(error: ValueError) -> Callable[..., Any]:
+    """A compiled callable that raises `error` on every call.
+
+    Dynamo wraps an exception raised while compiling into BackendCompilerFailed;
+    a planner refusal is a configuration error the caller should see as the
+    planner's ValueError, so the backend returns this instead, and the call
+    that triggered the compile (and any later one) raises it.
+    """
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise ValueError(str(error))
+
+    return refuse
+
+
+def _guarded(compile_graph: Callable[..., Any], gm: Any, example_inputs: Any) -> Any:
+    try:
+        return compile_graph(gm, example_inputs)
+    except Exception as e:
+        rejection = _find_rejection(e)
+        if rejection is None:
+            raise
+        return _raise_on_call(rejection.error)
+
+
+class _Session:
+    """The options of one compile() call and the plans of the graphs it compiled."""
+
+    def __init__(self, plan_options: dict, module_names: dict | None) -> None:
+        self.plan_options = plan_options
+        self.module_names = module_names
+        self.plans: list[CompiledPlan] = []
+        self.lock = threading.Lock()
+        # The plan whose partitioned graphs come next (aot_autograd compiles the
+        # forward right after partitioning; the backward may compile later).
+        self.pending_forward: CompiledPlan | None = None
+        self.pending_backward: collections.deque[CompiledPlan] = collections.deque()
+
+    # -- the joint pass -----------------------------------------------------------
+
+    def joint_pass(self, graph: torch.fx.Graph) -> None:
+        gm = graph.owning_module
+        exported = export_graph_module(gm, module_names=self.module_names,
+                                       name="torch.compile joint graph")
+        try:
+            plan_json = _C.plan_activation_offload(json.dumps(exported), **self.plan_options)
+        except ValueError as e:
+            raise _PlanRejected(e) from e
+        plan = json.loads(plan_json)
+        if plan["edit_list"]:
+            EditReplayer(graph).apply(plan["edit_list"])
+            graph.lint()
+            gm.recompile()
+        record = CompiledPlan(plan)
+        with self.lock:
+            self.plans.append(record)
+            self.pending_forward = record
+            self.pending_backward.append(record)
+
+    # -- seeing the partitioned graphs ----------------------------------------------
+
+    def saw_graph(self, graph: torch.fx.Graph, backward: bool) -> None:
+        counts = spillway_op_counts(graph)
+        with self.lock:
+            if backward:
+                record = self.pending_backward.popleft() if self.pending_backward else None
+                if record is not None:
+                    record.backward_ops = counts
+            else:
+                record, self.pending_forward = self.pending_forward, None
+                if record is not None:
+                    record.forward_ops = counts
+
+
+_latest: _Session | None = None
+
+
+def last_plans() -> list[CompiledPlan]:
+    """The plans of every joint graph compiled so far by the latest compile() call.
+
+    Graphs compile lazily (on the first call, and on recompiles), so the list
+    grows as the compiled model runs. Returns a copy.
+    """
+    if _latest is None:
+        return []
+    with _latest.lock:
+        return list(_latest.plans)
+
+
+# ---- custom-pass and backend plumbing ---------------------------------------------------
+
+
+def _custom_graph_pass(fn: Callable[[torch.fx.Graph], None]) -> Any:
+    """fn as an Inductor CustomGraphPass without a cache key (so caches are bypassed)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class _Pass(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            fn(graph)
+
+        def uuid(self) -> None:
+            # No key: the plan depends on the graph and the options, and
+            # last_plans() must see every compile, so never serve from a cache.
+            return None
+
+    return _Pass()
+
+
+def _is_backward_graph(graph: torch.fx.Graph) -> bool:
+    return any(n.op == "placeholder" and "tangents" in n.name for n in graph.nodes)
+
+
+def _inductor_backend(session: _Session, mode: str | None, options: dict | None,
+                      dynamic: bool | None) -> Any:
+    observe = _custom_graph_pass(
+        lambda graph: session.saw_graph(graph, _is_backward_graph(graph)))
+    options = dict(options or {})
+    for key in ("joint_custom_post_pass", "post_grad_custom_post_pass"):
+        if options.get(key) is not None:
+            raise ValueError(f"[compiled] options['{key}'] is taken by spillway.compiled")
+    options["joint_custom_post_pass"] = _custom_graph_pass(session.joint_pass)
+    options["post_grad_custom_post_pass"] = observe
+    return _InductorWithPlan(mode, options, dynamic)
+
+
+class _InductorWithPlan(torch._TorchCompileInductorWrapper):
+    """backend="inductor" (same config handling), with planner refusals surfaced."""
+
+    def __call__(self, model_: Any, inputs_: Any) -> Any:
+        return _guarded(super().__call__, model_, inputs_)
+
+
+def _aot_eager_backend(session: _Session) -> Any:
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def partition_fn(joint_module, joint_inputs, **kwargs):
+        session.joint_pass(joint_module.graph)
+        return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+
+    def compiler(backward: bool):
+        def compile_graph(gm: torch.fx.GraphModule, _example_inputs):
+            session.saw_graph(gm.graph, backward)
+            return make_boxed_func(gm.forward)
+
+        return compile_graph
+
+    backend = aot_autograd(fw_compiler=compiler(False), bw_compiler=compiler(True),
+                           partition_fn=partition_fn, keep_inference_input_mutations=True)
+    return lambda gm, example_inputs: _guarded(backend, gm, example_inputs)
+
+
+def _check_options(plan_options: dict) -> None:
+    """Raises the planner's ValueError now for options out of range."""
+    probe = {"format": "spillway.graph", "version": 1, "nodes": [
+        {"id": 0, "name": "x", "kind": "placeholder", "target": "x",
+         "module_stack": [plan_options["scope"]]}]}
+    _C.plan_activation_offload(json.dumps(probe), **plan_options)
+
+
+def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: int = 0,
+            min_bytes: int = 1 << 20, prefetch: int = 1, backend: str = "inductor",
+            dynamic: bool | None = None, **torch_compile_kwargs: Any) -> Any:
+    """torch.compile(model_or_fn) with activation offload planned into every joint graph.
+
+    scope: leaf module name whose activations may move ("self_attn", "mlp").
+    host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
+    min_bytes: smallest activation worth a transfer. prefetch: how many scope
+    regions early each reload starts. backend: "inductor" or "aot_eager".
+    Other keyword arguments go to torch.compile (fullgraph, mode, options —
+    the last two for inductor only).
+
+    Returns what torch.compile returns. Raises ValueError at once for options
+    out of range or an unknown backend; see the module docstring for errors at
+    compile time. Thread-safety: as torch.compile.
+    """
+    global _latest
+    plan_options = {"scope": scope, "host_budget_bytes": host_budget_bytes,
+                    "min_bytes": min_bytes, "prefetch_regions": prefetch}
+    _check_options(plan_options)
+    module_names = None
+    if isinstance(model_or_fn, torch.nn.Module):
+        module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}
+    session = _Session(plan_options, module_names)
+    mode = torch_compile_kwargs.pop("mode", None)
+    options = torch_compile_kwargs.pop("options", None)
+    if backend == "inductor":
+        compiler = _inductor_backend(session, mode, options, dynamic)
+    elif backend == "aot_eager":
+        if mode is not None or options is not None:
+            raise ValueError("[compiled] mode and options apply to backend='inductor' only")
+        compiler = _aot_eager_backend(session)
+    else:
+        raise ValueError(f"[compiled] unknown backend '{backend}': expected 'inductor' or "
+                         "'aot_eager'")
+    _latest = session
+    return torch.compile(model_or_fn, backend=compiler, dynamic=dynamic, **torch_compile_kwargs)

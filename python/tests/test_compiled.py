@@ -1,0 +1,260 @@
+"""spillway.compiled: activation offload planned into torch.compile's joint graph.
+
+Properties checked on a tiny HF Llama: the loss and every gradient are
+bit-equal to the same model compiled without offload (and to eager where the
+backend runs the same kernels), on every iteration of a short training run,
+including the first; the planned edits reach the forward and backward graphs
+handed to the compiler (offload + forward wait in forward, reload + backward
+wait in backward); copies delayed at random on the CPU runtime change nothing;
+dynamic shapes compile once for two sequence lengths; bad options raise the
+planner's ValueError; a plan that chooses nothing leaves the graphs alone; and
+every step leaves no transfer pending. On CPU the runtime's fake backend moves
+the bytes on worker threads; the CUDA tests (skipped without a GPU) repeat the
+check in bf16 and measure the peak memory the offload saves.
+
+Scope "mlp" is used because the seed policy chooses real activations there on
+HF Llama (gate/up projections, SiLU, the gated product); under "self_attn" it
+chooses nothing yet (SDPA returns a tuple, rotary Q/K are not contiguous),
+which makes it the "nothing chosen" case.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+if os.environ.get("SPILLWAY_REQUIRE_EXTENSION") == "1":
+    from spillway import compiled  # scripts/test built it: failing to import is a failure
+else:
+    compiled = pytest.importorskip(
+        "spillway.compiled", reason="spillway._C is not built (cmake --preset python && "
+        "cmake --build --preset python)", exc_type=ImportError)
+transformers = pytest.importorskip("transformers")
+
+from spillway import _C  # noqa: E402
+
+STEPS = 3
+
+
+def _tiny_llama(seed=0, *, hidden=64, intermediate=128, layers=2, vocab=128):
+    config = transformers.LlamaConfig(
+        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
+        attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(config)
+    return model.train()
+
+
+def _ids(seq, *, seed=1, batch=2, vocab=128, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+
+
+def _train(model, run, ids_per_step):
+    """Runs one SGD step per ids; returns [(loss, {name: grad})] per step.
+
+    After every step, every copy has completed and no wait is outstanding.
+    """
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = []
+    for ids in ids_per_step:
+        optimizer.zero_grad(set_to_none=True)
+        loss = run(ids, labels=ids).loss
+        loss.backward()
+        _C.synchronize()
+        assert _C.pending_waits() == 0
+        history.append((loss.detach().clone(),
+                        {n: p.grad.clone() for n, p in model.named_parameters()}))
+        optimizer.step()
+    return history
+
+
+def _assert_bit_equal(got, want):
+    assert len(got) == len(want)
+    for step, ((loss, grads), (want_loss, want_grads)) in enumerate(zip(got, want)):
+        assert torch.equal(loss, want_loss), f"step {step}: loss {loss} != {want_loss}"
+        assert grads.keys() == want_grads.keys()
+        for name in grads:
+            assert torch.equal(grads[name], want_grads[name]), f"step {step}: grad of {name}"
+
+
+def _assert_edits_in_graphs(plan):
+    chosen = len(plan.chosen)
+    assert chosen > 0, plan.plan["skipped_large"]
+    assert plan.forward_ops == {"offload": chosen, "wait_tensor": chosen}
+    assert plan.backward_ops == {"reload": chosen, "wait_tensor": chosen}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    _C.set_fake_copy_delay(0, 0)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_offload_is_bit_exact_and_edits_reach_both_graphs(backend):
+    base = _tiny_llama()
+    steps = [_ids(32, seed=s) for s in range(STEPS)]
+
+    model = copy.deepcopy(base)
+    run = compiled.compile(model, backend=backend, scope="mlp", min_bytes=0)
+    if backend == "inductor":
+        # Random copy delays widen every window in which a missing wait, or a
+        # buffer Inductor freed or reused before the D2H read it, would show.
+        _C.set_fake_copy_delay(0, 2000, seed=7)
+    got = _train(model, run, steps)
+    _C.set_fake_copy_delay(0, 0)
+
+    plans = compiled.last_plans()
+    assert len(plans) == 1
+    _assert_edits_in_graphs(plans[0])
+    # Two layers, each with gate_proj, SiLU, up_proj and their product.
+    assert len(plans[0].chosen) == 8
+    assert plans[0].bytes_offloaded == 8 * 2 * 32 * 128 * 4
+
+    reference = copy.deepcopy(base)
+    want = _train(reference, torch.compile(reference, backend=backend), steps)
+    _assert_bit_equal(got, want)
+    if backend == "aot_eager":
+        eager = copy.deepcopy(base)
+        _assert_bit_equal(got, _train(eager, eager, steps))
+
+
+def test_dynamic_shapes_compile_once_and_stay_exact():
+    base = _tiny_llama()
+    steps = [_ids(32, seed=0), _ids(24, seed=1), _ids(32, seed=2)]
+    model = copy.deepcopy(base)
+    run = compiled.compile(model, backend="aot_eager", scope="mlp", min_bytes=0, dynamic=True)
+    got = _train(model, run, steps)
+
+    plans = compiled.last_plans()
+    assert len(plans) == 1, "the second sequence length recompiled"
+    _assert_edits_in_graphs(plans[0])
+    decisions = {d["name"]: d for d in plans[0].plan["decisions"]}
+    # Sizes were planned from the hint of the symbolic sequence length (32).
+    assert all(decisions[name]["bytes"] == 2 * 32 * 128 * 4 for name in plans[0].chosen)
+
+    eager = copy.deepcopy(base)
+    _assert_bit_equal(got, _train(eager, eager, steps))
+
+
+def test_nothing_chosen_leaves_graphs_unchanged():
+    base = _tiny_llama()
+    steps = [_ids(32, seed=s) for s in range(2)]
+    model = copy.deepcopy(base)
+    run = compiled.compile(model, backend="aot_eager", scope="self_attn")  # default min_bytes
+    got = _train(model, run, steps)
+
+    (plan,) = compiled.last_plans()
+    assert plan.chosen == [] and plan.plan["edit_list"] == []
+    assert plan.forward_ops == {} and plan.backward_ops == {}
+    eager = copy.deepcopy(base)
+    _assert_bit_equal(got, _train(eager, eager, steps))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"host_budget_bytes": -1}, "[plan] option host_budget_bytes is -1"),
+    ({"min_bytes": -5}, "min_bytes"),
+    ({"prefetch": -1}, "prefetch_regions"),
+])
+def test_options_out_of_range_raise_at_compile(options, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        compiled.compile(_tiny_llama(), **options)
+
+
+def test_unknown_scope_raises_the_planners_error():
+    model = _tiny_llama()
+    run = compiled.compile(model, backend="aot_eager", scope="no_such_module", min_bytes=0)
+    ids = _ids(32)
+    with pytest.raises(ValueError, match=r"^\[plan\] scope 'no_such_module' matches no module"):
+        run(ids, labels=ids)
+
+
+def test_unknown_backend_raises():
+    with pytest.raises(ValueError, match="unknown backend 'eager'"):
+        compiled.compile(_tiny_llama(), backend="eager")
+
+
+def test_plan_binding_reports_rules_and_complete_edits():
+    from spillway.fx_export import export_joint_graph
+    import json
+
+    model = _tiny_llama()
+    ids = _ids(32)
+    graph = export_joint_graph(model, (ids,), {"labels": ids},
+                               loss_fn=lambda m, i, labels: m(i, labels=labels).loss)
+    plan = json.loads(_C.plan_activation_offload(json.dumps(graph), scope="mlp", min_bytes=0))
+    rules = {d["rule"] for d in plan["decisions"]}
+    assert {"chosen", "out_of_scope", "view"} <= rules
+    kinds = [e["kind"] for e in plan["edit_list"]]
+    assert kinds.count("offload") == plan["chosen"] == 8
+    offload = next(e for e in plan["edit_list"] if e["kind"] == "offload")
+    assert offload["node"]["target"] == "spillway.offload.default"
+    assert offload["node"]["value"]["device"] == "cpu"
+    assert offload["placement"] == "after" and offload["anchor"] == offload["source"]
+
+    broken = dict(graph, nodes=graph["nodes"][1:])  # drops a node others read
+    with pytest.raises(ValueError, match=r"^\[graph\] node"):
+        _C.plan_activation_offload(json.dumps(broken))
+
+
+# ---- CUDA (the lead runs these on the H200 via scripts/device-check) -------------------
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or not _C.cuda_built(),
+    reason="needs CUDA torch and spillway._C built with CUDA")
+
+
+@needs_cuda
+def test_cuda_bf16_inductor_is_bit_exact():
+    base = _tiny_llama().to("cuda", torch.bfloat16)
+    steps = [_ids(32, seed=s, device="cuda") for s in range(STEPS)]
+    model = copy.deepcopy(base)
+    got = _train(model, compiled.compile(model, scope="mlp", min_bytes=0), steps)
+    _assert_edits_in_graphs(compiled.last_plans()[0])
+    reference = copy.deepcopy(base)
+    _assert_bit_equal(got, _train(reference, torch.compile(reference), steps))
+
+
+def _peak_training_memory(model, run, ids):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    loss = run(ids, labels=ids).loss
+    loss.backward()
+    torch.cuda.synchronize()
+    _C.synchronize()
+    assert _C.pending_waits() == 0
+    return torch.cuda.max_memory_allocated() - start
+
+
+@needs_cuda
+def test_cuda_offload_lowers_peak_memory():
+    base = _tiny_llama(hidden=512, intermediate=2048, layers=4).to("cuda", torch.bfloat16)
+    ids = _ids(2048, batch=4, device="cuda")
+
+    model = copy.deepcopy(base)
+    run = compiled.compile(model, scope="mlp")
+    _peak_training_memory(model, run, ids)  # compiles
+    model.zero_grad(set_to_none=True)
+    with_offload = _peak_training_memory(model, run, ids)
+    (plan,) = compiled.last_plans()
+    assert plan.bytes_offloaded > 0
+    del model, run
+
+    reference = copy.deepcopy(base)
+    run_reference = torch.compile(reference)
+    _peak_training_memory(reference, run_reference, ids)
+    reference.zero_grad(set_to_none=True)
+    without = _peak_training_memory(reference, run_reference, ids)
+    # The offloaded activations are not all alive at the peak; ask for a clear
+    # fall rather than the full offloaded byte count.
+    assert with_offload < without - plan.bytes_offloaded // 4, (with_offload, without,
+                                                                plan.bytes_offloaded)
