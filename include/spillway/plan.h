@@ -54,6 +54,27 @@ struct ActivationPlanOptions {
   // How many scope regions earlier each reload starts in backward. Negative is
   // rejected.
   int prefetch_regions = 1;
+
+  // Appended after the first release (defaults keep the seed policy bit for bit).
+  //
+  // When the last forward use of a candidate's storage group returns a
+  // tuple/list (SDPA, native_layer_norm), the forward wait goes right after
+  // the last forward operator.getitem of that node that yields a tensor, and
+  // depends on it: the getitem runs after the tuple node, so the storage is
+  // freed only once every forward reader has run. A tuple last use without
+  // such a getitem stays refused (kTupleLastUse): a wait with no data edge to
+  // the tuple node could be scheduled before it.
+  bool offload_tuple_outputs = false;
+  // Accept a candidate that is not contiguous but non-overlapping and dense
+  // (its strides a permutation of a contiguous layout, checked on hints; a
+  // size-1 dimension must carry the stride the permutation gives it) when no
+  // member of its storage group reaches beyond its numel * element_size bytes.
+  // The rewrite offloads aten.permute(value, order), a contiguous view, and
+  // backward readers see aten.permute(reloaded, inverse), a view with the
+  // value's sizes and strides (EditKind::kDensePermute / kRestorePermute).
+  // Graph format v1 records no storage_offset: a dense storage owner is taken
+  // to start its storage, as for the contiguous case.
+  bool dense_storages = false;
 };
 
 // The rule that decided a value's fate. Each has a named, tested function in
@@ -119,6 +140,11 @@ enum class EditKind {
   kBackwardWait,  // new node: spillway.wait_tensor(reload, forward_wait)
   kReplayView,    // new node: a copy of a forward view applied to the reloaded value
   kRedirect,      // existing node `reader`: replace input `from` with `to`
+  // Appended (ActivationPlanOptions::dense_storages); both are aten.permute.default
+  // views, recorded in Graph::ops when the graph lacks that schema.
+  kDensePermute,    // new node: aten.permute(value, order), contiguous; what is offloaded
+  kRestorePermute,  // new node: aten.permute(backward wait, inverse): the value's
+                    // sizes and strides again, read by backward in its place
 };
 std::string_view to_string(EditKind kind);
 
@@ -141,13 +167,18 @@ struct Edit {
 struct Offload {
   NodeId producer = -1;
   std::int64_t bytes = 0;
-  NodeId last_forward_use = -1;    // after which the forward wait sits
+  NodeId last_forward_use = -1;    // after which the forward wait sits (after its
+                                   // last getitem when it returns a tuple)
   NodeId first_backward_reader = -1;
   NodeId offload_node = -1;
   NodeId forward_wait_node = -1;
   NodeId reload_node = -1;
   NodeId backward_wait_node = -1;
   bool prefetched = false;  // the reload was moved earlier than its reader
+  // Appended: with dense_storages, the kDensePermute and kRestorePermute nodes
+  // of a non-contiguous value (-1 when the value is contiguous).
+  NodeId dense_permute_node = -1;
+  NodeId restore_permute_node = -1;
 };
 
 struct Plan {
@@ -174,7 +205,8 @@ struct PlanResult {
 PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptions& options);
 
 // Apply edits to a graph (insertions at anchors, then redirects), returning the
-// rewritten graph. Throws InvalidArgument when an edit names a node the graph
+// rewritten graph. The schemas of inserted spillway.* nodes are recorded in
+// Graph::ops, and that of aten.permute.default when the graph lacks one. Throws InvalidArgument when an edit names a node the graph
 // lacks or reuses an existing id. The input is never modified.
 Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits);
 
@@ -185,6 +217,9 @@ Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits);
 //       comes after every forward reader of the offloaded storage group;
 //   (c) no backward node reads an offloaded value, or an alias of it, directly;
 //   (d) no offloaded storage is written in place anywhere in the graph.
+// An offload may move an aten.permute.default view (inserted by the plan) of an
+// original node instead of the node itself (dense_storages); the view must be
+// contiguous and the checks apply to the node it permutes.
 // `original` is the graph before the edits. Throws InvalidGraph naming the
 // offloaded value and the broken invariant.
 void verify_offload_graph(const Graph& original, const Graph& rewritten);

@@ -93,6 +93,8 @@ struct PlanArgs {
   double host_budget_gib = 0.0;
   std::int64_t min_bytes = ActivationPlanOptions{}.min_bytes;
   int prefetch_regions = ActivationPlanOptions{}.prefetch_regions;
+  bool offload_tuple_outputs = false;
+  bool dense_storages = false;
   bool json = false;
   std::string emit_graph;
 };
@@ -117,6 +119,8 @@ ActivationPlanOptions to_options(const PlanArgs& args) {
   options.scope = args.scope;
   options.min_bytes = args.min_bytes;
   options.prefetch_regions = args.prefetch_regions;
+  options.offload_tuple_outputs = args.offload_tuple_outputs;
+  options.dense_storages = args.dense_storages;
   return options;
 }
 
@@ -208,6 +212,12 @@ int main_impl(int argc, char** argv) {
                    "Smallest activation worth moving, in bytes (default 1048576)");
   plan->add_option("--prefetch-regions", plan_args.prefetch_regions,
                    "Start each reload this many scope regions early (default 1)");
+  plan->add_flag("--offload-tuple-outputs", plan_args.offload_tuple_outputs,
+                 "Also move values whose last forward use returns a tuple (SDPA): the "
+                 "forward wait goes after that node's last getitem");
+  plan->add_flag("--dense-storages", plan_args.dense_storages,
+                 "Also move non-contiguous values whose strides are a permutation of a "
+                 "contiguous layout, through a permute view (rotary Q/K)");
   plan->add_flag("--json", plan_args.json, "Print a JSON object instead of the text summary");
   plan->add_option("--emit-graph", plan_args.emit_graph,
                    "Write the rewritten graph to OUT (.json, or .json.zst to compress)");

@@ -132,6 +132,11 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
   }
   out << "scope:              " << plan.options.scope << "\n";
   out << "min bytes:          " << human_bytes(plan.options.min_bytes) << "\n";
+  if (plan.options.offload_tuple_outputs || plan.options.dense_storages) {
+    out << "relaxations:        "
+        << (plan.options.offload_tuple_outputs ? "offload-tuple-outputs " : "")
+        << (plan.options.dense_storages ? "dense-storages" : "") << "\n";
+  }
   out << "candidates:         " << plan.candidate_count << "\n";
   out << "chosen:             " << plan.offloads.size() << " values, "
       << human_bytes(plan.bytes_offloaded) << "\n";
@@ -223,6 +228,10 @@ std::string format_plan_json(const Graph& original, const PlanResult& result) {
         {"backward_wait_node", offload.backward_wait_node},
         {"prefetched", offload.prefetched},
     };
+    if (offload.dense_permute_node >= 0) {
+      entry["dense_permute_node"] = offload.dense_permute_node;
+      entry["restore_permute_node"] = offload.restore_permute_node;
+    }
     if (producer && producer->value.is_tensor()) {
       entry["shape"] = format_shape(producer->value.tensor);
       entry["dtype"] = producer->value.tensor.dtype;
@@ -254,6 +263,8 @@ std::string format_plan_json(const Graph& original, const PlanResult& result) {
       {"host_budget_bytes", plan.options.host_budget_bytes},
       {"min_bytes", plan.options.min_bytes},
       {"prefetch_regions", plan.options.prefetch_regions},
+      {"offload_tuple_outputs", plan.options.offload_tuple_outputs},
+      {"dense_storages", plan.options.dense_storages},
       {"candidates", plan.candidate_count},
       {"chosen", plan.offloads.size()},
       {"bytes_offloaded", plan.bytes_offloaded},

@@ -63,13 +63,15 @@ constexpr std::array<RuleText, 23> kRuleTexts{{
      "a backward reader comes before its last forward use"},
 }};
 
-constexpr std::array<std::pair<EditKind, std::string_view>, 6> kEditKindNames{{
+constexpr std::array<std::pair<EditKind, std::string_view>, 8> kEditKindNames{{
     {EditKind::kOffload, "offload"},
     {EditKind::kForwardWait, "forward_wait"},
     {EditKind::kReload, "reload"},
     {EditKind::kBackwardWait, "backward_wait"},
     {EditKind::kReplayView, "replay_view"},
     {EditKind::kRedirect, "redirect"},
+    {EditKind::kDensePermute, "dense_permute"},
+    {EditKind::kRestorePermute, "restore_permute"},
 }};
 
 void validate(const ActivationPlanOptions& options) {

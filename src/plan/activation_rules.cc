@@ -1,8 +1,10 @@
 #include "plan/activation_rules.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "analysis/op_facts.h"
+#include "plan/dense_layout.h"
 
 namespace spillway::plan {
 namespace {
@@ -25,6 +27,26 @@ Rule hazard_rule(const RuleContext& ctx, const Node& node, GroupHazard hazard, R
 }
 
 }  // namespace
+
+std::optional<NodeId> last_tensor_getitem(const analysis::GraphIndex& index, NodeId tuple) {
+  std::optional<NodeId> last;
+  for (NodeId user : index.users(tuple)) {  // graph order
+    const Node& reader = index.node(user);
+    if (reader.kind == NodeKind::kCallFunction && reader.phase == Phase::kForward &&
+        reader.target == "operator.getitem" && reader.value.is_tensor() && !reader.args.empty() &&
+        reader.args[0].kind == Arg::Kind::kNode && reader.args[0].node == tuple) {
+      last = user;
+    }
+  }
+  return last;
+}
+
+std::size_t forward_wait_position(const analysis::GraphIndex& index,
+                                  const analysis::ForwardLifetime& lifetime) {
+  std::size_t position = index.position(lifetime.last_forward_use);
+  if (lifetime.last_use_arg) position = std::max(position, index.position(*lifetime.last_use_arg));
+  return position;
+}
 
 Rule rule_in_scope(const RuleContext& ctx, const Node& node, std::string&) {
   return ctx.scope.in_scope(node) ? kPass : Rule::kOutOfScope;
@@ -62,8 +84,32 @@ Rule rule_rank_at_least_two(const RuleContext&, const Node& node, std::string& d
   return Rule::kRankBelowTwo;
 }
 
-Rule rule_contiguous(const RuleContext&, const Node& node, std::string&) {
-  return node.value.tensor.contiguous ? kPass : Rule::kNotContiguous;
+Rule rule_contiguous(const RuleContext& ctx, const Node& node, std::string& detail) {
+  const TensorInfo& tensor = node.value.tensor;
+  if (tensor.contiguous) return kPass;
+  if (!ctx.options.dense_storages) return Rule::kNotContiguous;
+  if (!dense_order(tensor, &detail)) return Rule::kNotContiguous;
+  // The whole storage must be the value's numel * element_size bytes: no
+  // member of its group may reach further (a larger base, an as_strided).
+  const std::optional<std::int64_t> bytes = analysis::hinted_nbytes(tensor);
+  const analysis::StorageGroup* group =
+      tensor.storage ? ctx.storage.groups().find(*tensor.storage) : nullptr;
+  if (bytes == std::nullopt || group == nullptr) return kPass;  // later rules decide
+  for (NodeId member : group->members) {
+    const Node& other = ctx.index.node(member);
+    if (member == node.id || !other.value.is_tensor()) continue;
+    const std::optional<std::int64_t> reach = reach_bytes(other.value.tensor);
+    const std::optional<std::int64_t> other_bytes = analysis::hinted_nbytes(other.value.tensor);
+    const std::int64_t extent = std::max(reach.value_or(0), other_bytes.value_or(0));
+    if (!reach || !other_bytes || extent > *bytes) {
+      detail = "storage member " + node_label(ctx.index, member) +
+               (reach && other_bytes ? " reaches " + std::to_string(extent) + " > " +
+                                           std::to_string(*bytes) + " bytes"
+                                     : " has an unknown extent");
+      return Rule::kNotContiguous;
+    }
+  }
+  return kPass;
 }
 
 Rule rule_known_size(const RuleContext&, const Node& node, std::string& detail) {
@@ -135,6 +181,9 @@ CandidateFacts gather_candidate_facts(const RuleContext& ctx, const Node& node) 
   CandidateFacts facts;
   facts.chain = analysis::trace_alias_chain(ctx.index, node.id);
   facts.lifetime = analysis::find_last_forward_use(ctx.index, facts.chain);
+  if (ctx.options.offload_tuple_outputs && !facts.lifetime.last_use_arg) {
+    facts.lifetime.last_use_arg = last_tensor_getitem(ctx.index, facts.lifetime.last_forward_use);
+  }
   facts.first_backward_reader = analysis::find_first_backward_reader(ctx.index, facts.chain);
   return facts;
 }
@@ -147,6 +196,7 @@ Rule rule_tensor_last_use(const RuleContext& ctx, const CandidateFacts& facts,
                           std::string& detail) {
   if (facts.lifetime.last_use_arg) return kPass;
   detail = "last forward use is " + node_label(ctx.index, facts.lifetime.last_forward_use);
+  if (ctx.options.offload_tuple_outputs) detail += ", which no forward tensor getitem reads";
   return Rule::kTupleLastUse;
 }
 
@@ -203,12 +253,15 @@ Rule rule_readers_tracked(const RuleContext& ctx, const CandidateFacts& facts,
 Rule rule_backward_after_forward(const RuleContext& ctx, const CandidateFacts& facts,
                                  std::string& detail) {
   const analysis::GraphIndex& index = ctx.index;
-  if (index.position(facts.first_backward_reader) >
-      index.position(facts.lifetime.last_forward_use)) {
+  if (index.position(facts.first_backward_reader) > forward_wait_position(index, facts.lifetime)) {
     return kPass;
   }
+  const NodeId wait_after = index.position(facts.lifetime.last_forward_use) >=
+                                    forward_wait_position(index, facts.lifetime)
+                                ? facts.lifetime.last_forward_use
+                                : *facts.lifetime.last_use_arg;
   detail = node_label(index, facts.first_backward_reader) + " precedes " +
-           node_label(index, facts.lifetime.last_forward_use);
+           node_label(index, wait_after);
   return Rule::kBackwardBeforeForwardUse;
 }
 

@@ -10,6 +10,8 @@
 //
 // Thread-safety: pure functions over immutable analyses.
 
+#include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,8 @@ Rule rule_not_collective(const RuleContext& ctx, const Node& node, std::string& 
 Rule rule_single_tensor(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_not_dtensor(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_rank_at_least_two(const RuleContext& ctx, const Node& node, std::string& detail);
+// Contiguous; or, with options.dense_storages, dense (dense_layout.h) with no
+// member of its storage group reaching beyond its bytes.
 Rule rule_contiguous(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_known_size(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_large_enough(const RuleContext& ctx, const Node& node, std::string& detail);
@@ -62,8 +66,20 @@ struct CandidateFacts {
   analysis::ForwardLifetime lifetime;
   NodeId first_backward_reader = -1;
 };
-// Chain, lifetime and first backward reader of a value that passed the value rules.
+// Chain, lifetime and first backward reader of a value that passed the value
+// rules. With options.offload_tuple_outputs, a tuple/list last use takes its
+// last forward tensor getitem as lifetime.last_use_arg (the forward wait sits
+// after it and depends on it).
 CandidateFacts gather_candidate_facts(const RuleContext& ctx, const Node& node);
+
+// The last (in graph order) forward call_function operator.getitem of `tuple`
+// whose value is a tensor, or nullopt.
+std::optional<NodeId> last_tensor_getitem(const analysis::GraphIndex& index, NodeId tuple);
+
+// Where the forward wait goes: the later of the last forward use and the
+// last-use argument (a getitem of a tuple last use).
+std::size_t forward_wait_position(const analysis::GraphIndex& index,
+                                  const analysis::ForwardLifetime& lifetime);
 
 Rule rule_read_by_backward(const RuleContext& ctx, const CandidateFacts& facts,
                            std::string& detail);
@@ -76,7 +92,8 @@ Rule rule_tensor_last_use(const RuleContext& ctx, const CandidateFacts& facts,
 // producer or other replayed views.
 Rule rule_readers_tracked(const RuleContext& ctx, const CandidateFacts& facts,
                           std::string& detail);
-// Not in the reference pass: the reload must follow the forward wait.
+// Not in the reference pass: the reload must follow the forward wait (the
+// last forward use, or its getitem with offload_tuple_outputs).
 Rule rule_backward_after_forward(const RuleContext& ctx, const CandidateFacts& facts,
                                  std::string& detail);
 

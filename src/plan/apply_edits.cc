@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "plan/dense_layout.h"
 #include "plan/id_map.h"
 #include "plan/node_sequence.h"
 #include "plan/offload_rewrite.h"
@@ -91,6 +92,9 @@ Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits) {
       if (node.target == kOffloadTarget) out.ops[node.target] = plan::offload_schema();
       if (node.target == kReloadTarget) out.ops[node.target] = plan::reload_schema();
       if (node.target == kWaitTarget) out.ops[node.target] = plan::wait_schema();
+    }
+    if (is_new && node.target == plan::kPermuteTarget && !out.ops.count(node.target)) {
+      out.ops.emplace(node.target, plan::permute_schema());
     }
   }
   for (const Edit& edit : edits) {

@@ -7,6 +7,7 @@
 
 #include "analysis/op_facts.h"
 #include "analysis/regions.h"
+#include "plan/dense_layout.h"
 #include "plan/id_map.h"
 #include "plan/node_sequence.h"
 #include "spillway/error.h"
@@ -79,6 +80,22 @@ class RewriteBuilder {
     return ids;
   }
 
+  static std::vector<int> checked_dense_order(const Node& producer) {
+    std::optional<std::vector<int>> order = dense_order(producer.value.tensor);
+    if (!order) {
+      throw Error("plan", "internal error: chosen value " + producer.name +
+                              " is neither contiguous nor dense");
+    }
+    return *order;
+  }
+
+  static Arg int_list(const std::vector<int>& dims) {
+    std::vector<Arg> items;
+    items.reserve(dims.size());
+    for (int dim : dims) items.push_back(Arg::of_int(dim));
+    return Arg::of_list(std::move(items));
+  }
+
   const Node& lookup(NodeId id) const {
     if (auto it = new_nodes_.find(id); it != new_nodes_.end()) return it->second;
     return index_.node(id);
@@ -144,23 +161,37 @@ class RewriteBuilder {
     offload.last_forward_use = facts.lifetime.last_forward_use;
     offload.first_backward_reader = facts.first_backward_reader;
 
+    // A dense, non-contiguous value moves through a contiguous permute view.
+    NodeId moved = producer.id;
     TensorInfo host = producer.value.tensor;
+    if (!producer.value.tensor.contiguous) {
+      const std::vector<int> order = checked_dense_order(producer);
+      TensorInfo view = permute_info(producer.value.tensor, order);
+      host = view;
+      moved = offload.dense_permute_node =
+          insert(EditKind::kDensePermute,
+                 new_node(kPermuteTarget, "spillway_dense_" + producer.name,
+                          {Arg::of_node(producer.id), int_list(order)}, Phase::kForward,
+                          producer, Value::of_tensor(std::move(view))),
+                 producer.id, Placement::kAfter, producer.id);
+    }
     host.device = "cpu";
     host.storage = next_storage_++;
     offload.offload_node =
         insert(EditKind::kOffload,
                new_node(kOffloadTarget, "spillway_offload_" + producer.name,
-                        {Arg::of_node(producer.id)}, Phase::kForward, producer,
+                        {Arg::of_node(moved)}, Phase::kForward, producer,
                         Value::of_tensor(host)),
-               producer.id, Placement::kAfter, producer.id);
-    const NodeId anchor = facts.lifetime.last_forward_use == producer.id
-                              ? offload.offload_node
-                              : facts.lifetime.last_forward_use;
+               moved, Placement::kAfter, producer.id);
+    // The wait depends on the last use (or on the last getitem of a tuple
+    // last use) and sits right after it.
+    const NodeId last_use = *facts.lifetime.last_use_arg;
+    const NodeId anchor = last_use == producer.id ? offload.offload_node : last_use;
     offload.forward_wait_node = insert(
         EditKind::kForwardWait,
         new_node(kWaitTarget, "spillway_wait_offload_" + producer.name,
                  {Arg::of_node(offload.offload_node), Arg::of_node(producer.id),
-                  Arg::of_node(*facts.lifetime.last_use_arg)},
+                  Arg::of_node(last_use)},
                  Phase::kForward, producer, Value::of_tensor(host)),
         anchor, Placement::kAfter, producer.id);
     return offload;
@@ -170,7 +201,13 @@ class RewriteBuilder {
     const Node& producer = index_.node(value.producer);
     const CandidateFacts& facts = *value.facts;
     const NodeId first = facts.first_backward_reader;
+    const bool dense = offload.dense_permute_node >= 0;
+    std::vector<int> order;
     TensorInfo device = producer.value.tensor;
+    if (dense) {
+      order = checked_dense_order(producer);
+      device = permute_info(producer.value.tensor, order);
+    }
     device.storage = next_storage_++;
     offload.reload_node = insert(
         EditKind::kReload,
@@ -185,14 +222,26 @@ class RewriteBuilder {
                  {Arg::of_node(offload.reload_node), Arg::of_node(offload.forward_wait_node)},
                  Phase::kBackward, producer, Value::of_tensor(device)),
         first, Placement::kBefore, producer.id);
+    NodeId restored = offload.backward_wait_node;
+    if (dense) {
+      TensorInfo same = producer.value.tensor;  // sizes and strides of the value
+      same.storage = device.storage;
+      restored = offload.restore_permute_node =
+          insert(EditKind::kRestorePermute,
+                 new_node(kPermuteTarget, "spillway_restore_" + producer.name,
+                          {Arg::of_node(offload.backward_wait_node),
+                           int_list(inverse_order(order))},
+                          Phase::kBackward, producer, Value::of_tensor(std::move(same))),
+                 first, Placement::kBefore, producer.id);
+    }
     for (NodeId reader : facts.chain.direct_backward_readers) {
-      redirect(reader, producer.id, offload.backward_wait_node, producer.id);
+      redirect(reader, producer.id, restored, producer.id);
     }
 
     std::vector<NodeId> views = facts.chain.replay_views;
     std::sort(views.begin(), views.end(),
               [&](NodeId a, NodeId b) { return index_.position(a) < index_.position(b); });
-    std::unordered_map<NodeId, NodeId> replayed{{producer.id, offload.backward_wait_node}};
+    std::unordered_map<NodeId, NodeId> replayed{{producer.id, restored}};
     for (NodeId view_id : views) {
       const Node& view = index_.node(view_id);
       std::vector<Arg> args;
@@ -269,16 +318,22 @@ class RewriteBuilder {
       Edit& edit = pending.edit;
       if (pending.insertion) {
         const NodeId id = edit.node.id;
-        NodeId before;
-        NodeId after;
-        if (edit.placement == Placement::kAfter) {
-          before = applied.run_end(edit.anchor);
-          after = applied.next(before);
-        } else {
-          before = applied.previous(edit.anchor);
-          after = edit.anchor;
+        // A prefetch may anchor a reload on a node inserted by a later edit
+        // (a replay or restore view that opens a region): re-anchor it too.
+        bool placed = applied.contains(edit.anchor);
+        if (placed) {
+          NodeId before;
+          NodeId after;
+          if (edit.placement == Placement::kAfter) {
+            before = applied.run_end(edit.anchor);
+            after = applied.next(before);
+          } else {
+            before = applied.previous(edit.anchor);
+            after = edit.anchor;
+          }
+          placed = in_order(before, id, after);
         }
-        if (!in_order(before, id, after)) {
+        if (!placed) {
           // Anchor on the next node already present in the final order.
           NodeId next = -1;
           for (std::size_t p = final_position.get(id) + 1; p < final_order.size(); ++p) {

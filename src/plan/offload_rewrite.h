@@ -15,6 +15,12 @@
 //     replay views (graph order)     before the first backward reader, args
 //                                    mapped onto the reload chain, and the
 //                                    views' backward readers redirected;
+//   (with dense_storages, a non-contiguous dense P moves as
+//     D = aten.permute(P, order)     right after P, the offload right after D
+//                                    and offloading D;
+//     reload and waits carry D's sizes; R = aten.permute(backward wait,
+//     inverse) before the first backward reader, after the backward wait, and
+//     P's backward readers and replay views read R instead; see dense_layout.h)
 //   then every new reload is moved `prefetch_regions` scope regions earlier
 //   (regions located on the rewritten graph; see analysis/regions.h).
 //
@@ -34,7 +40,7 @@
 //
 // New nodes: ids above every existing id, names "spillway_offload_<P>",
 // "spillway_wait_offload_<P>", "spillway_reload_<P>", "spillway_wait_reload_<P>",
-// "spillway_replay_<view>" (suffixed _1, _2... if taken). Offload and forward
+// "spillway_replay_<view>", "spillway_dense_<P>", "spillway_restore_<P>" (suffixed _1, _2... if taken). Offload and forward
 // wait: forward, P's tensor on "cpu" with a fresh storage; reload and backward
 // wait: backward, P's tensor with another fresh storage; both with P's module
 // stack. Replays: backward, the view's module stack and time, its value on the

@@ -13,6 +13,7 @@
 #include "analysis/op_facts.h"
 #include "analysis/storage_groups.h"
 #include "analysis/write_safety.h"
+#include "plan/dense_layout.h"
 #include "spillway/error.h"
 #include "spillway/plan.h"
 
@@ -64,11 +65,26 @@ void verify_offload_graph(const Graph& original, const Graph& rewritten) {
   for (const Node& offload : rewritten.nodes) {
     if (offload.kind != NodeKind::kCallFunction || offload.target != kOffloadTarget) continue;
     if (offload.args.empty() || offload.args[0].kind != Arg::Kind::kNode ||
-        !before.contains(offload.args[0].node)) {
+        !after.contains(offload.args[0].node)) {
       throw InvalidGraph("plan", label(offload) +
                                      " does not offload a node of the original graph");
     }
-    const Node& value = after.node(offload.args[0].node);
+    NodeId moved = offload.args[0].node;
+    if (!before.contains(moved)) {
+      // dense_storages: a contiguous aten.permute view of an original node.
+      const Node& view = after.node(moved);
+      if (view.target != plan::kPermuteTarget || view.args.empty() ||
+          view.args[0].kind != Arg::Kind::kNode || !before.contains(view.args[0].node)) {
+        throw InvalidGraph("plan", label(offload) +
+                                       " does not offload a node of the original graph");
+      }
+      if (!view.value.is_tensor() || !view.value.tensor.contiguous) {
+        fail(after.node(view.args[0].node), "a",
+             label(offload) + " moves " + label(view) + ", which is not contiguous");
+      }
+      moved = view.args[0].node;
+    }
+    const Node& value = after.node(moved);
 
     // (a) offload -> forward wait -> reload -> backward wait.
     const Node& forward_wait = single_chained(after, value, offload, kWaitTarget, "forward waits");

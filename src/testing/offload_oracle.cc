@@ -1,5 +1,6 @@
 #include "testing/offload_oracle.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -51,6 +52,121 @@ bool is_collective(const OpSchema* schema) {
 std::string name_of(const Graph& graph, const Index& index, NodeId id) {
   auto it = index.find(id);
   return it == index.end() ? "#" + std::to_string(id) : graph.nodes[it->second].name;
+}
+
+std::optional<std::vector<std::int64_t>> hints(const std::vector<SymSize>& dims) {
+  std::vector<std::int64_t> out;
+  for (const SymSize& dim : dims) {
+    if (!dim.hint) return std::nullopt;
+    out.push_back(*dim.hint);
+  }
+  return out;
+}
+
+// Row-major strides of `sizes` (torch's empty(sizes).stride()).
+std::vector<std::int64_t> row_major(const std::vector<std::int64_t>& sizes) {
+  std::vector<std::int64_t> strides(sizes.size(), 1);
+  for (std::size_t i = sizes.size(); i-- > 1;) {
+    strides[i - 1] = strides[i] * std::max<std::int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+// True when some permutation of the dimensions, laid out row-major, gives
+// exactly the recorded strides (every dimension, size-1 ones included).
+// Found by trying every permutation, not by the planner's sort.
+bool dense_by_search(const TensorInfo& tensor) {
+  const auto sizes = hints(tensor.sizes);
+  const auto strides = hints(tensor.strides);
+  if (!sizes || !strides || strides->size() != sizes->size() || sizes->size() > 8) return false;
+  for (std::int64_t size : *sizes) {
+    if (size < 1) return false;
+  }
+  std::vector<std::size_t> order(sizes->size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  do {
+    std::vector<std::int64_t> permuted;
+    for (std::size_t dim : order) permuted.push_back((*sizes)[dim]);
+    const std::vector<std::int64_t> laid = row_major(permuted);
+    bool match = true;
+    for (std::size_t k = 0; k < order.size() && match; ++k) match = laid[k] == (*strides)[order[k]];
+    if (match) return true;
+  } while (std::next_permutation(order.begin(), order.end()));
+  return false;
+}
+
+// Bytes from a strided tensor's first element to its last, inclusive.
+std::optional<std::int64_t> reach_of(const TensorInfo& tensor) {
+  const auto sizes = hints(tensor.sizes);
+  const auto strides = hints(tensor.strides);
+  if (!sizes || !strides || strides->size() != sizes->size()) return std::nullopt;
+  std::int64_t last = 0;
+  for (std::size_t i = 0; i < sizes->size(); ++i) {
+    if ((*sizes)[i] == 0) return 0;
+    last += ((*sizes)[i] - 1) * std::max<std::int64_t>((*strides)[i], 0);
+  }
+  return (last + 1) * tensor.element_size;
+}
+
+bool same_layout(const TensorInfo& a, const TensorInfo& b) {
+  return a.sizes == b.sizes && a.strides == b.strides;
+}
+
+// The dims of an aten.permute.default node, when they are a permutation of
+// 0..rank-1; nullopt otherwise.
+std::optional<std::vector<std::size_t>> permute_dims(const Node& node, std::size_t rank) {
+  if (node.target != "aten.permute.default" || node.args.size() != 2 ||
+      node.args[1].kind != Arg::Kind::kList || node.args[1].list.size() != rank) {
+    return std::nullopt;
+  }
+  std::vector<std::size_t> dims;
+  std::vector<bool> seen(rank, false);
+  for (const Arg& item : node.args[1].list) {
+    if (item.kind != Arg::Kind::kInt || item.i < 0 || static_cast<std::size_t>(item.i) >= rank ||
+        seen[static_cast<std::size_t>(item.i)]) {
+      return std::nullopt;
+    }
+    seen[static_cast<std::size_t>(item.i)] = true;
+    dims.push_back(static_cast<std::size_t>(item.i));
+  }
+  return dims;
+}
+
+// Whether `out` is what aten.permute(in, dims) produces (sizes and strides).
+bool permutes_to(const TensorInfo& in, const std::vector<std::size_t>& dims,
+                 const TensorInfo& out) {
+  if (in.sizes.size() != dims.size() || out.sizes.size() != dims.size() ||
+      in.strides.size() != dims.size() || out.strides.size() != dims.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (!(out.sizes[i] == in.sizes[dims[i]]) || !(out.strides[i] == in.strides[dims[i]])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool is_row_major(const TensorInfo& tensor) {
+  const auto sizes = hints(tensor.sizes);
+  const auto strides = hints(tensor.strides);
+  return sizes && strides && *strides == row_major(*sizes);
+}
+
+// Every (slot, node) a node reads: "args[i]" / "kwargs.k", lists flattened in order.
+void slots_of(const Arg& arg, const std::string& slot, std::vector<std::pair<std::string, NodeId>>& out) {
+  if (arg.kind == Arg::Kind::kNode) out.emplace_back(slot, arg.node);
+  for (std::size_t i = 0; i < arg.list.size(); ++i) {
+    slots_of(arg.list[i], slot + "[" + std::to_string(i) + "]", out);
+  }
+}
+std::vector<std::pair<std::string, NodeId>> read_slots(const Node& node) {
+  std::vector<std::pair<std::string, NodeId>> out;
+  for (std::size_t i = 0; i < node.args.size(); ++i) {
+    slots_of(node.args[i], "args[" + std::to_string(i) + "]", out);
+  }
+  for (const auto& [key, arg] : node.kwargs) slots_of(arg, "kwargs." + key, out);
+  return out;
 }
 
 }  // namespace
@@ -185,6 +301,142 @@ std::vector<std::string> check_offload_plan(const Graph& original,
   }
   const std::set<std::int64_t> written = possibly_written_storages(original);
 
+  auto rewritten_node = [&](NodeId id) -> const Node* {
+    auto it = rewritten_index.find(id);
+    return it == rewritten_index.end() ? nullptr : &rewritten.nodes[it->second];
+  };
+
+  // What moves is the value itself when contiguous, else a row-major permute
+  // view of it; backward readers that read the value now read a node with the
+  // value's sizes and strides, built from the backward wait.
+  auto check_transfer_layout = [&](const Node& producer, const Offload& offload,
+                                   const std::string& who) {
+    const TensorInfo& tensor = producer.value.tensor;
+    const Node* moved_by = rewritten_node(offload.offload_node);
+    if (moved_by == nullptr || moved_by->args.empty() ||
+        moved_by->args[0].kind != Arg::Kind::kNode) {
+      fail(who + "offload node missing or malformed");
+      return;
+    }
+    const Node* moved = rewritten_node(moved_by->args[0].node);
+    if (moved == nullptr || !moved->value.is_tensor()) {
+      fail(who + "the offload moves no tensor");
+      return;
+    }
+    if (moved->id != producer.id) {
+      const auto dims = permute_dims(*moved, tensor.sizes.size());
+      if (tensor.contiguous || !dims || moved->args[0].kind != Arg::Kind::kNode ||
+          moved->args[0].node != producer.id || !permutes_to(tensor, *dims, moved->value.tensor)) {
+        fail(who + "the offload moves " + moved->name + ", not the value or a permute of it");
+      } else if (!is_row_major(moved->value.tensor) || !moved->value.tensor.contiguous) {
+        fail(who + "the offloaded permute view " + moved->name + " is not row-major");
+      }
+    }
+    for (const Node& reader : original.nodes) {
+      if (reader.phase != Phase::kBackward) continue;
+      const Node* copy = rewritten_node(reader.id);
+      if (copy == nullptr) continue;
+      const auto before = read_slots(reader);
+      const auto after = read_slots(*copy);
+      if (before.size() != after.size()) {
+        fail(who + "backward " + reader.name + " changed its argument structure");
+        continue;
+      }
+      for (std::size_t i = 0; i < before.size(); ++i) {
+        if (before[i].second != producer.id) continue;
+        const Node* seen = rewritten_node(after[i].second);
+        if (seen == nullptr || !seen->value.is_tensor() ||
+            !same_layout(seen->value.tensor, tensor)) {
+          fail(who + "backward " + reader.name + " " + before[i].first +
+               " reads a value whose sizes/strides differ from the original");
+          continue;
+        }
+        if (seen->id == producer.id) continue;  // reported below as a direct read
+        // The stand-in is the backward wait, or a permute of it that
+        // reproduces the value's layout from the wait's.
+        const Node* wait = seen;
+        if (seen->target == "aten.permute.default") {
+          const auto dims = permute_dims(*seen, tensor.sizes.size());
+          wait = seen->args.empty() || seen->args[0].kind != Arg::Kind::kNode
+                     ? nullptr
+                     : rewritten_node(seen->args[0].node);
+          if (!dims || wait == nullptr || !wait->value.is_tensor() ||
+              !permutes_to(wait->value.tensor, *dims, seen->value.tensor)) {
+            fail(who + "restore view " + seen->name + " does not permute its input to its value");
+            continue;
+          }
+        }
+        if (wait->id != offload.backward_wait_node) {
+          fail(who + "backward " + reader.name + " reads " + seen->name +
+               " instead of the reload chain");
+        }
+      }
+    }
+  };
+
+  // The forward wait depends on the last forward reader of the storage group
+  // (the value itself when none reads it), or, with offload_tuple_outputs,
+  // on a tensor getitem of a tuple-returning last reader.
+  auto check_last_use_edge = [&](const Node& producer, const std::unordered_set<NodeId>& group_ids,
+                                 const Offload& offload, const std::string& who) {
+    const Node* wait = rewritten_node(offload.forward_wait_node);
+    if (wait == nullptr || wait->args.size() < 3 || wait->args[2].kind != Arg::Kind::kNode) {
+      fail(who + "forward wait has no last-use argument");
+      return;
+    }
+    // Nodes on the storage: the group, and tuples/lists holding an element on
+    // it (split); the last forward node reading any of them is the last use.
+    std::unordered_set<NodeId> on_storage = group_ids;
+    for (const Node& node : original.nodes) {
+      for (const Value& element : node.value.elements) {
+        if (element.is_tensor() && element.tensor.storage == producer.value.tensor.storage) {
+          on_storage.insert(node.id);
+        }
+      }
+    }
+    // A getitem of a tuple reads only the element it selects.
+    auto reads_storage = [&](const Node& node) {
+      if (node.target == "operator.getitem" && node.args.size() == 2 &&
+          node.args[0].kind == Arg::Kind::kNode && node.args[1].kind == Arg::Kind::kInt &&
+          !group_ids.count(node.args[0].node) && on_storage.count(node.args[0].node)) {
+        const Value& tuple = original.nodes[original_index.at(node.args[0].node)].value;
+        const auto i = static_cast<std::size_t>(node.args[1].i);
+        return node.args[1].i >= 0 && i < tuple.elements.size() &&
+               tuple.elements[i].is_tensor() &&
+               tuple.elements[i].tensor.storage == producer.value.tensor.storage;
+      }
+      for (NodeId id : inputs_of(node)) {
+        if (on_storage.count(id)) return true;
+      }
+      return false;
+    };
+    const Node* last = &producer;
+    bool after_producer = false;
+    for (const Node& node : original.nodes) {
+      if (node.id == producer.id) after_producer = true;
+      if (!after_producer || node.phase != Phase::kForward || node.kind == NodeKind::kOutput) {
+        continue;
+      }
+      if (reads_storage(node)) last = &node;
+    }
+    const Node* edge = rewritten_node(wait->args[2].node);
+    if (edge == nullptr || !edge->value.is_tensor()) {
+      fail(who + "forward wait's last-use argument is not a tensor");
+      return;
+    }
+    if (edge->id == last->id) return;
+    const bool tuple_getitem = edge->target == "operator.getitem" && !edge->args.empty() &&
+                               edge->args[0].kind == Arg::Kind::kNode &&
+                               edge->args[0].node == last->id && !last->value.is_tensor();
+    if (!tuple_getitem) {
+      fail(who + "forward wait depends on " + edge->name + ", not on the last forward reader " +
+           last->name);
+    } else if (!options.offload_tuple_outputs) {
+      fail(who + "forward wait pinned through a getitem of " + last->name +
+           " without offload_tuple_outputs");
+    }
+  };
+
   std::int64_t total = 0;
   std::unordered_set<NodeId> forbidden_in_backward;  // offloaded values and forward aliases
   for (const Offload& offload : plan.offloads) {
@@ -210,7 +462,13 @@ std::vector<std::string> check_offload_plan(const Graph& original,
     const std::optional<std::int64_t> bytes = tensor.nbytes();
     if (tensor.dtensor_like) fail(who + "is DTensor-like");
     if (tensor.rank() < 2) fail(who + "has rank " + std::to_string(tensor.rank()));
-    if (!tensor.contiguous) fail(who + "is not contiguous");
+    if (!tensor.contiguous) {
+      if (!options.dense_storages) {
+        fail(who + "is not contiguous");
+      } else if (!dense_by_search(tensor)) {
+        fail(who + "is not contiguous, and no permutation of a row-major layout gives its strides");
+      }
+    }
     if (!bytes) {
       fail(who + "has an unbacked size");
     } else {
@@ -251,6 +509,19 @@ std::vector<std::string> check_offload_plan(const Graph& original,
       for (NodeId id : inputs_of(node)) read_in_backward = read_in_backward || group_ids.count(id);
     }
     if (!read_in_backward) fail(who + "no backward node reads it or an alias");
+    if (!tensor.contiguous) {
+      // The whole storage is the value: nothing on it reaches further.
+      for (const Node* member : group) {
+        const std::optional<std::int64_t> reach =
+            member->value.is_tensor() ? reach_of(member->value.tensor) : std::nullopt;
+        if (!reach || !bytes || *reach > *bytes) {
+          fail(who + "dense storage member " + member->name + " reaches beyond its " +
+               (bytes ? std::to_string(*bytes) : std::string("?")) + " bytes");
+        }
+      }
+    }
+    check_transfer_layout(producer, offload, who);
+    check_last_use_edge(producer, group_ids, offload, who);
 
     // The forward wait follows every forward reader of the storage group.
     auto wait = rewritten_index.find(offload.forward_wait_node);

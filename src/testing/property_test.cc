@@ -130,31 +130,56 @@ TEST(OffloadOracle, ReportsBrokenPlans) {
   EXPECT_TRUE(contains(check_offload_plan(written, options, result), "written in place"));
 }
 
-TEST(PlannerProperties, HoldOnRandomJointGraphs) {
-  const std::uint64_t count = env_or("SPILLWAY_PROPERTY_GRAPHS", kDefaultGraphs);
-  const std::uint64_t first_seed = env_or("SPILLWAY_PROPERTY_SEED", kDefaultSeed);
+struct Sweep {
   std::map<Rule, std::int64_t> rule_counts;
   std::int64_t graphs_with_offloads = 0;
   std::int64_t total_offloads = 0;
   std::int64_t total_prefetched = 0;
+  std::int64_t dense_offloads = 0;   // moved through a permute view
+  std::int64_t tuple_offloads = 0;   // forward wait pinned through a getitem
   std::int64_t nodes = 0;
   std::int64_t failing_graphs = 0;
-  const auto start = std::chrono::steady_clock::now();
+  double seconds = 0;
 
+  std::string histogram() const {
+    std::string text;
+    for (const auto& [rule, n] : rule_counts) {
+      text += " " + std::string(to_string(rule)) + "=" + std::to_string(n);
+    }
+    return text;
+  }
+};
+
+// Plans `count` random graphs from `first_seed` with the options
+// `options_for(seed)` gives and checks each plan with the oracle.
+template <typename OptionsFor>
+Sweep run_sweep(std::uint64_t first_seed, std::uint64_t count, OptionsFor options_for) {
+  Sweep sweep;
+  const auto start = std::chrono::steady_clock::now();
   for (std::uint64_t seed = first_seed; seed < first_seed + count; ++seed) {
     const Graph graph = make_random_joint_graph(seed);
-    const ActivationPlanOptions options = make_random_plan_options(seed);
-    nodes += static_cast<std::int64_t>(graph.nodes.size());
+    const ActivationPlanOptions options = options_for(seed);
+    sweep.nodes += static_cast<std::int64_t>(graph.nodes.size());
     std::vector<std::string> problems;
     try {
       const PlanResult result = plan_activation_offload(graph, options);
       problems = check_offload_plan(graph, options, result);
       for (const ValueDecision& decision : result.plan.decisions) {
-        ++rule_counts[decision.rule];
+        ++sweep.rule_counts[decision.rule];
       }
-      total_offloads += static_cast<std::int64_t>(result.plan.offloads.size());
-      total_prefetched += result.plan.reloads_prefetched;
-      graphs_with_offloads += !result.plan.offloads.empty();
+      for (const Offload& offload : result.plan.offloads) {
+        sweep.dense_offloads += offload.dense_permute_node >= 0;
+        for (const Node& node : result.graph.nodes) {
+          if (node.id == offload.forward_wait_node) {
+            sweep.tuple_offloads += node.args.size() == 3 &&
+                                    node.args[2].node != offload.last_forward_use &&
+                                    node.args[2].node != offload.producer;
+          }
+        }
+      }
+      sweep.total_offloads += static_cast<std::int64_t>(result.plan.offloads.size());
+      sweep.total_prefetched += result.plan.reloads_prefetched;
+      sweep.graphs_with_offloads += !result.plan.offloads.empty();
       // Planning is a pure function of its inputs.
       if (seed % 16 == 0 &&
           write_graph(plan_activation_offload(graph, options).graph) != write_graph(result.graph)) {
@@ -164,32 +189,66 @@ TEST(PlannerProperties, HoldOnRandomJointGraphs) {
       problems.push_back(std::string("plan_activation_offload threw: ") + e.what());
     }
     if (!problems.empty()) {
-      ++failing_graphs;
-      if (failing_graphs <= kReportedFailures) report_failure(seed, graph, options, problems);
+      ++sweep.failing_graphs;
+      if (sweep.failing_graphs <= kReportedFailures) report_failure(seed, graph, options, problems);
     }
   }
-  EXPECT_EQ(failing_graphs, 0) << failing_graphs << " of " << count
-                               << " graphs broke a property (the first " << kReportedFailures
-                               << " are reported above)";
-
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::string histogram;
-  for (const auto& [rule, n] : rule_counts) {
-    histogram += " " + std::string(to_string(rule)) + "=" + std::to_string(n);
-  }
+  sweep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(sweep.failing_graphs, 0) << sweep.failing_graphs << " of " << count
+                                     << " graphs broke a property (the first "
+                                     << kReportedFailures << " are reported above)";
   std::printf(
-      "%llu graphs (%lld nodes) in %.2f s; %lld offloads in %lld graphs, %lld prefetched\n"
-      "decisions:%s\n",
-      static_cast<unsigned long long>(count), static_cast<long long>(nodes), seconds,
-      static_cast<long long>(total_offloads), static_cast<long long>(graphs_with_offloads),
-      static_cast<long long>(total_prefetched), histogram.c_str());
+      "%llu graphs (%lld nodes) in %.2f s; %lld offloads in %lld graphs, %lld prefetched, "
+      "%lld dense, %lld through a tuple getitem\ndecisions:%s\n",
+      static_cast<unsigned long long>(count), static_cast<long long>(sweep.nodes), sweep.seconds,
+      static_cast<long long>(sweep.total_offloads),
+      static_cast<long long>(sweep.graphs_with_offloads),
+      static_cast<long long>(sweep.total_prefetched), static_cast<long long>(sweep.dense_offloads),
+      static_cast<long long>(sweep.tuple_offloads), sweep.histogram().c_str());
+  return sweep;
+}
+
+TEST(PlannerProperties, HoldOnRandomJointGraphs) {
+  const std::uint64_t count = env_or("SPILLWAY_PROPERTY_GRAPHS", kDefaultGraphs);
+  const std::uint64_t first_seed = env_or("SPILLWAY_PROPERTY_SEED", kDefaultSeed);
+  const Sweep sweep = run_sweep(first_seed, count, make_random_plan_options);
   // The generator must give the planner real work, not only graphs it rejects.
   if (count >= 500) {
-    EXPECT_GT(graphs_with_offloads, static_cast<std::int64_t>(count) / 8);
-    EXPECT_GT(total_prefetched, 0);
-    EXPECT_GT(rule_counts[Rule::kStorageWrittenInPlace], 0) << histogram;
-    EXPECT_GT(rule_counts[Rule::kView], 0) << histogram;
+    EXPECT_GT(sweep.graphs_with_offloads, static_cast<std::int64_t>(count) / 8);
+    EXPECT_GT(sweep.total_prefetched, 0);
+    EXPECT_GT(sweep.rule_counts.at(Rule::kStorageWrittenInPlace), 0) << sweep.histogram();
+    EXPECT_GT(sweep.rule_counts.at(Rule::kView), 0) << sweep.histogram();
+    // The default policy never takes the relaxed paths.
+    EXPECT_EQ(sweep.dense_offloads, 0);
+    EXPECT_EQ(sweep.tuple_offloads, 0);
+  }
+}
+
+// The same graphs with offload_tuple_outputs and dense_storages: both, one or
+// the other by seed, so each path is checked alone and together.
+TEST(PlannerProperties, HoldWithTupleOutputsAndDenseStorages) {
+  const std::uint64_t count = env_or("SPILLWAY_PROPERTY_GRAPHS", kDefaultGraphs);
+  const std::uint64_t first_seed = env_or("SPILLWAY_PROPERTY_SEED", kDefaultSeed);
+  auto relaxed = [](std::uint64_t seed) {
+    ActivationPlanOptions options = make_random_plan_options(seed);
+    options.offload_tuple_outputs = seed % 4 != 1;
+    options.dense_storages = seed % 4 != 2;
+    return options;
+  };
+  const Sweep sweep = run_sweep(first_seed, count, relaxed);
+  if (count >= 500) {
+    const Sweep seed_policy = run_sweep(first_seed, count, make_random_plan_options);
+    EXPECT_GT(sweep.total_offloads, seed_policy.total_offloads);
+    EXPECT_GT(sweep.dense_offloads, 0) << "no dense value was moved";
+    EXPECT_GT(sweep.tuple_offloads, 0) << "no value was pinned through a tuple getitem";
+    // Refusals that remain: non-dense layouts, and tuple last uses in the
+    // seeds that leave offload_tuple_outputs off (or without a getitem).
+    EXPECT_GT(sweep.rule_counts.at(Rule::kNotContiguous), 0) << sweep.histogram();
+    EXPECT_LT(sweep.rule_counts.at(Rule::kNotContiguous),
+              seed_policy.rule_counts.at(Rule::kNotContiguous));
+    const auto tuple_refusals = sweep.rule_counts.find(Rule::kTupleLastUse);
+    EXPECT_LT(tuple_refusals == sweep.rule_counts.end() ? 0 : tuple_refusals->second,
+              seed_policy.rule_counts.at(Rule::kTupleLastUse));
   }
 }
 
