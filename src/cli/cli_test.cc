@@ -290,5 +290,39 @@ TEST_F(CliTest, DefaultGraphIsPlannedOrReportedMissing) {
   }
 }
 
+TEST_F(CliTest, RelaxationFlagsMoveTheLlamaAttentionActivations) {
+  const fs::path graph =
+      fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama3-8b-s8192-cuda.json.zst";
+  if (!fs::exists(graph)) GTEST_SKIP() << "missing " << graph;
+  const CliRun seed = run("plan --json '" + graph.string() + "'");
+  const CliRun relaxed = run("plan --json --offload-tuple-outputs --dense-storages '" +
+                             graph.string() + "'");
+  ASSERT_EQ(seed.exit_code, 0) << seed.err;
+  ASSERT_EQ(relaxed.exit_code, 0) << relaxed.err;
+  const nlohmann::json before = nlohmann::json::parse(seed.out);
+  const nlohmann::json after = nlohmann::json::parse(relaxed.out);
+  EXPECT_FALSE(before.at("offload_tuple_outputs").get<bool>());
+  EXPECT_FALSE(before.at("dense_storages").get<bool>());
+  EXPECT_TRUE(after.at("offload_tuple_outputs").get<bool>());
+  EXPECT_TRUE(after.at("dense_storages").get<bool>());
+  EXPECT_EQ(before.at("bytes_offloaded").get<std::int64_t>(), 32 * 1024 * 1024);
+  EXPECT_GT(after.at("bytes_offloaded").get<std::int64_t>(), std::int64_t{12} << 30);
+  bool dense_listed = false;
+  for (const nlohmann::json& offload : after.at("offloads")) {
+    dense_listed = dense_listed || offload.contains("restore_permute_node");
+  }
+  EXPECT_TRUE(dense_listed);
+  // The text summary names the relaxations; the default summary does not.
+  EXPECT_NE(run("plan --dense-storages '" + graph.string() + "'").out.find("dense-storages"),
+            std::string::npos);
+  EXPECT_EQ(run("plan '" + graph.string() + "'").out.find("relaxations:"), std::string::npos);
+  // The rewritten graph is valid and loads again.
+  const fs::path out = dir_ / "relaxed.json.zst";
+  const CliRun emitted = run("plan --offload-tuple-outputs --dense-storages --emit-graph '" +
+                             out.string() + "' '" + graph.string() + "'");
+  ASSERT_EQ(emitted.exit_code, 0) << emitted.err;
+  EXPECT_NO_THROW(verify_offload_graph(load_graph(graph.string()), load_graph(out.string())));
+}
+
 }  // namespace
 }  // namespace spillway

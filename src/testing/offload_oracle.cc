@@ -301,6 +301,14 @@ std::vector<std::string> check_offload_plan(const Graph& original,
   }
   const std::set<std::int64_t> written = possibly_written_storages(original);
 
+  std::unordered_map<NodeId, std::vector<const Node*>> backward_readers;  // original graph
+  for (const Node& node : original.nodes) {
+    if (node.phase != Phase::kBackward) continue;
+    std::unordered_set<NodeId> inputs;
+    for (NodeId id : inputs_of(node)) {
+      if (inputs.insert(id).second) backward_readers[id].push_back(&node);
+    }
+  }
   auto rewritten_node = [&](NodeId id) -> const Node* {
     auto it = rewritten_index.find(id);
     return it == rewritten_index.end() ? nullptr : &rewritten.nodes[it->second];
@@ -323,7 +331,9 @@ std::vector<std::string> check_offload_plan(const Graph& original,
       fail(who + "the offload moves no tensor");
       return;
     }
-    if (moved->id != producer.id) {
+    if (moved->id == producer.id && !tensor.contiguous) {
+      fail(who + "the offload moves the non-contiguous value itself");
+    } else if (moved->id != producer.id) {
       const auto dims = permute_dims(*moved, tensor.sizes.size());
       if (tensor.contiguous || !dims || moved->args[0].kind != Arg::Kind::kNode ||
           moved->args[0].node != producer.id || !permutes_to(tensor, *dims, moved->value.tensor)) {
@@ -332,8 +342,21 @@ std::vector<std::string> check_offload_plan(const Graph& original,
         fail(who + "the offloaded permute view " + moved->name + " is not row-major");
       }
     }
-    for (const Node& reader : original.nodes) {
-      if (reader.phase != Phase::kBackward) continue;
+    if (moved->id != producer.id) {
+      // The reloaded tensor has the permuted layout: only views that restore
+      // the value's layout may read it.
+      for (const Node& node : rewritten.nodes) {
+        if (node.target.rfind("spillway.", 0) == 0) continue;
+        for (NodeId id : inputs_of(node)) {
+          if (id == offload.backward_wait_node && node.target != "aten.permute.default") {
+            fail(who + node.name + " reads the permuted reload " +
+                 name_of(rewritten, rewritten_index, id) + " without restoring its layout");
+          }
+        }
+      }
+    }
+    for (const Node* reader_ptr : backward_readers[producer.id]) {
+      const Node& reader = *reader_ptr;
       const Node* copy = rewritten_node(reader.id);
       if (copy == nullptr) continue;
       const auto before = read_slots(reader);

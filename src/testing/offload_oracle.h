@@ -34,7 +34,10 @@ bool in_scope(const Node& node, const std::string& scope);
 //   * the rewritten graph passes verify_graph and verify_offload_graph;
 //   * original nodes keep their value, kind, target, phase and relative order;
 //   * each chosen value is a forward call_function, not a view nor a
-//     collective, tensor-valued, not DTensor-like, rank >= 2, contiguous,
+//     collective, tensor-valued, not DTensor-like, rank >= 2, contiguous (or,
+//     with dense_storages, strided as some permutation of a row-major layout,
+//     found by trying every permutation, with no storage member reaching past
+//     its bytes),
 //     >= min_bytes, in scope, read by backward, its storage known, first
 //     produced by it, shared by no placeholder/get_attr, returned by no output,
 //     and never possibly written in place in the original graph;
@@ -44,7 +47,15 @@ bool in_scope(const Node& node, const std::string& scope);
 //   * no backward node of the rewritten graph reads an offloaded value or a
 //     forward alias of it;
 //   * each forward wait comes after every forward reader (other than the
-//     inserted spillway.* transfer nodes) of its storage group;
+//     inserted spillway.* transfer nodes) of its storage group, and its
+//     last-use argument is the last forward reader (the value itself when
+//     none) or, with offload_tuple_outputs only, a tensor getitem of a
+//     tuple-returning last reader;
+//   * the offload moves the value when it is contiguous, else a row-major
+//     aten.permute.default view of it; a permuted reload is read only by
+//     permute views, and every backward argument that read the value now
+//     reads the backward wait or a permute of it with the value's exact sizes
+//     and strides;
 //   * mode kNone changes nothing.
 std::vector<std::string> check_offload_plan(const Graph& original,
                                             const ActivationPlanOptions& options,

@@ -130,6 +130,76 @@ TEST(OffloadOracle, ReportsBrokenPlans) {
   EXPECT_TRUE(contains(check_offload_plan(written, options, result), "written in place"));
 }
 
+// The checks of the relaxed paths are not vacuous either.
+TEST(OffloadOracle, ReportsBrokenRelaxedPlans) {
+  ActivationPlanOptions options;
+  options.min_bytes = 0;
+  options.offload_tuple_outputs = true;
+  options.dense_storages = true;
+  auto contains = [](const std::vector<std::string>& problems, const std::string& text) {
+    for (const std::string& problem : problems) {
+      if (problem.find(text) != std::string::npos) return true;
+    }
+    return false;
+  };
+  bool dense_seen = false;
+  bool tuple_seen = false;
+  for (std::uint64_t seed = kDefaultSeed; seed < kDefaultSeed + 4000 && !(dense_seen && tuple_seen);
+       ++seed) {
+    const Graph graph = make_random_joint_graph(seed);
+    const PlanResult result = plan_activation_offload(graph, options);
+    ASSERT_TRUE(check_offload_plan(graph, options, result).empty()) << "seed " << seed;
+    for (const Offload& offload : result.plan.offloads) {
+      if (!dense_seen && offload.dense_permute_node >= 0) {
+        dense_seen = true;
+        ActivationPlanOptions strict = options;
+        strict.dense_storages = false;
+        EXPECT_TRUE(contains(check_offload_plan(graph, strict, result), "is not contiguous"));
+        // Backward readers handed the reloaded (permuted) tensor as it is.
+        PlanResult unrestored = result;
+        for (Node& node : unrestored.graph.nodes) {
+          if (node.id == offload.restore_permute_node) continue;
+          for (Arg& arg : node.args) {
+            if (arg.kind == Arg::Kind::kNode && arg.node == offload.restore_permute_node) {
+              arg.node = offload.backward_wait_node;
+            }
+          }
+        }
+        EXPECT_TRUE(contains(check_offload_plan(graph, options, unrestored),
+                             "without restoring its layout"))
+            << "seed " << seed;
+        // The strided value handed to the offload directly.
+        PlanResult direct = result;
+        for (Node& node : direct.graph.nodes) {
+          if (node.id == offload.offload_node) node.args[0].node = offload.producer;
+        }
+        EXPECT_TRUE(contains(check_offload_plan(graph, options, direct), "non-contiguous value"));
+      }
+      const Node* wait = nullptr;
+      for (const Node& node : result.graph.nodes) {
+        if (node.id == offload.forward_wait_node) wait = &node;
+      }
+      if (!tuple_seen && wait != nullptr && wait->args[2].node != offload.last_forward_use &&
+          wait->args[2].node != offload.producer) {
+        tuple_seen = true;
+        ActivationPlanOptions strict = options;
+        strict.offload_tuple_outputs = false;
+        EXPECT_TRUE(contains(check_offload_plan(graph, strict, result),
+                             "without offload_tuple_outputs"));
+        // A wait pinned to the producer instead: no edge to the last reader.
+        PlanResult unpinned = result;
+        for (Node& node : unpinned.graph.nodes) {
+          if (node.id == offload.forward_wait_node) node.args[2].node = offload.producer;
+        }
+        EXPECT_TRUE(contains(check_offload_plan(graph, options, unpinned),
+                             "not on the last forward reader"));
+      }
+    }
+  }
+  EXPECT_TRUE(dense_seen) << "no random graph moved a dense value";
+  EXPECT_TRUE(tuple_seen) << "no random graph pinned a wait through a tuple getitem";
+}
+
 struct Sweep {
   std::map<Rule, std::int64_t> rule_counts;
   std::int64_t graphs_with_offloads = 0;
