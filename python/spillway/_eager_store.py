@@ -77,7 +77,10 @@ class _Kept:
     __slots__ = ("tensor", "version")
 
     def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
+        # Detached: pack receives the saved tensor itself, whose grad_fn may be
+        # the node saving it; holding that would make a cycle through C++ that
+        # Python's collector cannot see. detach() shares the version counter.
+        self.tensor = tensor.detach()
         self.version = tensor._version
 
     def unpack(self) -> torch.Tensor:

@@ -215,15 +215,14 @@ class OffloadActivations:
                               "spare; pass device='cpu' to offload CPU tensors anyway")
             self._active = True
             return self
+        if _active_models.get(self._model) is not None:
+            raise RuntimeError("[eager] offload_activations is already active on this "
+                               f"{type(self._model).__name__}")
         if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
             self._inactive = ("saved-tensor hooks were already active (torch.utils.checkpoint "
                               "or another offloader): they own the saved tensors")
             self._active = True
             return self
-        other = _active_models.get(self._model)
-        if other is not None:
-            raise RuntimeError("[eager] offload_activations is already active on this "
-                               f"{type(self._model).__name__}")
         self._inactive = None
         self._param_storages = {
             StorageWeakRef(t.untyped_storage())
@@ -408,9 +407,16 @@ class OffloadActivations:
     # ---- unpack -------------------------------------------------------------
 
     def _unpack(self, packed):
-        if isinstance(packed, _Kept):
-            return packed.unpack()
-        packed.check_version()
+        try:
+            if isinstance(packed, _Kept):
+                return packed.unpack()
+            packed.check_version()
+        except RuntimeError:
+            # This backward stops here: what it prefetched is not needed now.
+            task = torch._C._current_graph_task_id()
+            if task != -1 and task in self._tasks_seen:
+                self._end_backward(task)
+            raise
         entry = packed.entry
         with self._lock:
             task = torch._C._current_graph_task_id()

@@ -10,6 +10,7 @@ tensors, so this runs in CI; the CUDA variants run where there is a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 
@@ -164,12 +165,20 @@ def test_lag_zero_releases_every_layer_and_keeps_none(copy_delay):
 # ---- CUDA -------------------------------------------------------------------
 
 
+@contextlib.contextmanager
 def _deterministic_cuda():
-    """Math SDPA, deterministic kernels: two plain runs must agree bit for bit."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    """Math SDPA and deterministic kernels, so two plain runs agree bit for bit."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel(SDPBackend.MATH)
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 @needs_cuda
@@ -218,3 +227,35 @@ def test_cuda_peak_memory_falls_by_about_the_bytes_offloaded():
     saved = base - off
     assert saved >= moved // 2, f"peak fell by {saved} bytes; {moved} left the device ({stats})"
     assert saved <= stats["bytes_offloaded"] + (64 << 20), (saved, stats)
+
+
+@needs_cuda
+def test_cuda_tensors_of_another_device_stay():
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.Linear(64, 64)
+
+        def forward(self, x, host):
+            cpu_part = (host * 3).sin().sum()  # saved on the CPU, inside the scope
+            return self.attn(x).tanh().sum() + cpu_part.to(x.device)
+
+    model = torch.nn.Sequential()
+    model.add_module("block", Mixed().cuda())  # scope "block": the CPU work is inside it
+    x = torch.randn(16, 64, device="cuda")
+    host = torch.randn(16, 64, requires_grad=True)
+    model.block(x, host).backward()
+    want = _grads(model)
+    want_host = host.grad.clone()
+    model.zero_grad(set_to_none=True)
+    host.grad = None
+    with offload_activations(model, scope="block", min_bytes=0) as ctx:
+        loss = model.block(x, host)
+    loss.backward()
+    grads = _grads(model)
+    assert grads.keys() == want.keys()
+    assert all(torch.equal(grads[k], want[k]) for k in want)
+    assert torch.equal(host.grad, want_host)
+    stats = ctx.stats()
+    assert stats["bytes_offloaded"] > 0
+    assert stats["skipped"]["other_device"] > 0

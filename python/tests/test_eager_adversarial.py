@@ -1,0 +1,519 @@
+"""spillway.eager.offload_activations where autograd gets awkward.
+
+Each test is one situation: in-place writes after saving, checkpointing in
+both nestings, forward without backward, gradient accumulation, tensors shared
+between layers, views and aliases of one storage, a backward returning a view
+of a reloaded tensor, retain_graph and double backward, failures inside the
+forward, and bad arguments. Gradients are compared bit for bit with the run
+without offload; leaks are checked on the runtime (pending waits, live pinned
+bytes). CPU tensors stand for device memory (device="cpu", the fake backend).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+if os.environ.get("SPILLWAY_REQUIRE_EXTENSION") == "1":
+    from spillway import ops  # scripts/test built it: failing to import is a failure
+else:
+    ops = pytest.importorskip(
+        "spillway.ops", reason="spillway._C is not built (cmake --preset python && "
+        "cmake --build --preset python)", exc_type=ImportError)
+
+from spillway import _C  # noqa: E402
+from spillway.eager import offload_activations  # noqa: E402
+
+from _models import tiny_llama  # noqa: E402
+
+D = 32  # toy width: a (8, 32) float32 activation is 1 KiB
+
+
+class Block(nn.Module):
+    """A layer whose `attn` saves activations (tanh output, matmul inputs)."""
+
+    def __init__(self, ckpt_mlp=False):
+        super().__init__()
+        self.attn = nn.Linear(D, D)
+        self.mlp = nn.Linear(D, D)
+        self.ckpt_mlp = ckpt_mlp
+        self.last_hidden = None  # exposed so a test can write it in place
+
+    def forward(self, x, shared=None):
+        h = torch.tanh(self.attn(x))
+        if shared is not None:
+            h = h * shared  # every layer saves the same `shared` storage
+        self.last_hidden = h
+        if self.ckpt_mlp:
+            m = checkpoint(lambda t: torch.sigmoid(self.mlp(t)) * t, h, use_reentrant=False)
+        else:
+            m = torch.sigmoid(self.mlp(h)) * h
+        return x + m
+
+
+class Toy(nn.Module):
+    def __init__(self, layers=3, seed=0, ckpt_mlp=False, shared=False):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.layers = nn.ModuleList(Block(ckpt_mlp) for _ in range(layers))
+            self.gate = nn.Linear(D, D) if shared else None
+            self.head = nn.Linear(D, 1)
+
+    def forward(self, x):
+        shared = torch.sigmoid(self.gate(x)) if self.gate is not None else None
+        for layer in self.layers:
+            x = layer(x, shared)
+        return self.head(x).square().mean()
+
+
+def _input(seed=0, rows=8):
+    return torch.randn(rows, D, generator=torch.Generator().manual_seed(seed))
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_grads(got, want):
+    assert got.keys() == want.keys()
+    for name, g in want.items():
+        assert torch.equal(got[name], g), f"gradient of {name} differs"
+
+
+def _ctx(model, **kwargs):
+    kwargs.setdefault("scope", "attn")
+    kwargs.setdefault("min_bytes", 0)
+    kwargs.setdefault("device", "cpu")
+    return offload_activations(model, **kwargs)
+
+
+@pytest.fixture
+def no_leaks():
+    """Asserts, after the test, that no wait is pending and no host copy is alive."""
+    gc.collect()
+    ops.synchronize()
+    before = ops.pool_stats("cpu")["bytes_live"]
+    yield
+    gc.collect()
+    ops.synchronize()
+    assert ops.pending_waits() == 0
+    assert ops.pool_stats("cpu")["bytes_live"] == before
+
+
+@pytest.fixture
+def copy_delay():
+    _C.set_fake_copy_delay(0, 2000, 11)
+    yield
+    _C.set_fake_copy_delay(0, 0, 0)
+
+
+def _reference(model, x, steps=1):
+    model.zero_grad(set_to_none=True)
+    for i in range(steps):
+        model(x + i).backward()
+    return _grads(model)
+
+
+# ---- in-place writes --------------------------------------------------------
+
+
+@pytest.mark.parametrize("min_bytes", [0, 1 << 30], ids=["offloaded", "kept"])
+def test_inplace_write_after_saving_raises_autograds_error(min_bytes, no_leaks):
+    model, x = Toy(), _input()
+    model(x)  # sanity: without the context autograd itself raises
+    loss = model(x)
+    model.layers[0].last_hidden.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    del loss
+
+    with _ctx(model, min_bytes=min_bytes) as ctx:
+        loss = model(x)
+    model.layers[1].last_hidden.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    del loss
+    for layer in model.layers:
+        layer.last_hidden = None  # frees the graph, so the fixture can check for leaks
+    if min_bytes == 0:
+        assert ctx.stats()["bytes_offloaded"] > 0
+
+
+def test_inplace_write_before_saving_is_fine(no_leaks):
+    model, x = Toy(), _input()
+    want = _reference(model, x)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model):
+        loss = model(x)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+
+
+# ---- checkpointing ----------------------------------------------------------
+
+
+def test_checkpoint_inside_the_context(no_leaks, copy_delay):
+    model, x = Toy(ckpt_mlp=True), _input()
+    want = _reference(model, x)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model) as ctx:
+        loss = model(x)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    stats = ctx.stats()
+    assert stats["bytes_offloaded"] > 0 and stats["bytes_reloaded"] > 0
+
+
+def test_context_inside_a_checkpointed_function_leaves_it_to_checkpoint(no_leaks):
+    model, x = Toy(), _input().requires_grad_()
+    want = _reference(model, x)
+    want_x = x.grad.clone()
+    x.grad = None
+    model.zero_grad(set_to_none=True)
+    contexts = []
+
+    def run(inp):
+        ctx = _ctx(model)
+        contexts.append(ctx)
+        with ctx:
+            return model(inp)
+
+    loss = checkpoint(run, x, use_reentrant=False)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    assert torch.equal(x.grad, want_x)
+    assert len(contexts) == 2  # the forward and the recomputation
+    for ctx in contexts:
+        stats = ctx.stats()
+        assert stats["inactive"] and "saved-tensor hooks" in stats["inactive"]
+        assert stats["tensors_seen"] == 0
+
+
+def test_hf_gradient_checkpointing_inside_the_context(no_leaks):
+    model, ids = tiny_llama(0, layers=2)
+    model.zero_grad(set_to_none=True)
+    model(ids, labels=ids).loss.backward()
+    want = _grads(model)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.zero_grad(set_to_none=True)
+    with offload_activations(model, scope="self_attn", min_bytes=0, device="cpu"):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+
+
+# ---- lifetimes --------------------------------------------------------------
+
+
+def test_forward_without_backward_frees_everything(no_leaks):
+    model, x = Toy(), _input()
+    live = ops.pool_stats("cpu")["bytes_live"]
+    with _ctx(model) as ctx:
+        loss = model(x)
+    assert ops.pending_waits() == 0
+    assert ops.pool_stats("cpu")["bytes_live"] > live  # host copies held by the graph
+    for layer in model.layers:
+        layer.last_hidden = None
+    del loss
+    gc.collect()
+    assert ops.pool_stats("cpu")["bytes_live"] == live
+    assert ctx.stats()["bytes_offloaded"] > 0
+
+
+def test_exception_inside_the_forward_leaves_no_hook_or_wait(no_leaks):
+    model, x = Toy(), _input()
+
+    def explode(module, args, output):
+        raise ValueError("boom")
+
+    handle = model.layers[1].mlp.register_forward_hook(explode)
+    with pytest.raises(ValueError, match="boom"):
+        with _ctx(model):
+            model(x)
+    handle.remove()
+    for layer in model.layers:
+        layer.last_hidden = None
+    gc.collect()
+    assert ops.pending_waits() == 0
+    # The model works again, and a new context can be entered.
+    want = _reference(model, x)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model):
+        loss = model(x)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+
+
+def test_retain_graph_backward_twice_reloads_again(no_leaks, copy_delay):
+    model, x = Toy(layers=4), _input()
+    model.zero_grad(set_to_none=True)
+    loss = model(x)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model) as ctx:
+        loss = model(x)
+    loss.backward(retain_graph=True)
+    first = ctx.stats()["bytes_reloaded"]
+    loss.backward()
+    stats = ctx.stats()
+    _assert_same_grads(_grads(model), want)
+    assert first > 0
+    # The second backward finds no device copy left and reloads every storage.
+    assert stats["bytes_reloaded"] - first == stats["bytes_offloaded"]
+    del loss
+
+
+def test_double_backward(no_leaks):
+    model, x = Toy(), _input()
+
+    def hvp(loss):
+        params = list(model.parameters())
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+        dot = sum((g * g).sum() for g in grads)
+        return torch.autograd.grad(dot, params)
+
+    want = hvp(model(x))
+    with _ctx(model) as ctx:
+        loss = model(x)
+    got = hvp(loss)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert ctx.stats()["bytes_offloaded"] > 0
+    del loss
+
+
+# ---- accumulation, sharing, views -------------------------------------------
+
+
+@pytest.mark.parametrize("one_context", [True, False], ids=["one-context", "context-per-step"])
+def test_gradient_accumulation_over_micro_steps(one_context, no_leaks, copy_delay):
+    model, x = Toy(), _input()
+    want = _reference(model, x, steps=3)
+    model.zero_grad(set_to_none=True)
+    if one_context:
+        with _ctx(model) as ctx:
+            for i in range(3):
+                model(x + i).backward()
+        assert ctx.stats()["layers"] == 9
+    else:
+        for i in range(3):
+            with _ctx(model):
+                loss = model(x + i)
+            loss.backward()
+    _assert_same_grads(_grads(model), want)
+
+
+def test_two_forwards_then_one_backward(no_leaks, copy_delay):
+    model, x = Toy(), _input()
+    model.zero_grad(set_to_none=True)
+    (model(x) + model(x * 2)).backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model, prefetch=2) as ctx:
+        loss = model(x) + model(x * 2)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    assert ctx.stats()["reloads_prefetched"] > 0
+
+
+def test_tensor_shared_between_layers_is_offloaded_once(no_leaks, copy_delay):
+    model, x = Toy(layers=4, shared=True), _input()
+    want = _reference(model, x)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model, scope="Block") as ctx:
+        loss = model(x)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    stats = ctx.stats()
+    # Every layer saves `shared` (the mul's other operand); it moves once.
+    assert stats["deduplicated"] >= 3
+    assert stats["bytes_offloaded"] > 0
+
+
+class ViewsOfOneStorage(nn.Module):
+    """A layer that saves a transpose, a strided slice and an alias of one storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(D, 2 * D)
+
+    def forward(self, x):
+        y = self.attn(x)  # (8, 64), one storage
+        a = y.t().sin()  # saves y.t()
+        b = y[:, ::2].cos()  # saves a strided view
+        c = y.view(-1).sin()  # saves a flat alias
+        return a.t()[:, :D].sum() + b.sum() + c.sum()
+
+
+def test_views_and_aliases_share_one_host_copy(no_leaks):
+    model = nn.Sequential(ViewsOfOneStorage())
+    model[0].attn.weight.data.mul_(0.1)
+    x = _input()
+    model(x).backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model, scope="ViewsOfOneStorage") as ctx:
+        loss = model(x)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    stats = ctx.stats()
+    y_bytes = 8 * 2 * D * 4
+    assert stats["deduplicated"] >= 2
+    assert stats["bytes_offloaded"] >= y_bytes
+
+
+class SyntheticGrad(torch.autograd.Function):
+    """Identity forward; backward hands back a view of its saved tensor."""
+
+    @staticmethod
+    def forward(ctx, x, saved):
+        ctx.save_for_backward(saved)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (saved,) = ctx.saved_tensors
+        return saved[:, : grad.shape[1]], None
+
+
+class ViewGradBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(D, 2 * D)
+
+    def forward(self, x):
+        wide = torch.relu(self.attn(x))
+        return SyntheticGrad.apply(x, wide) * 2
+
+
+def test_backward_returning_a_view_of_a_reloaded_tensor(no_leaks, copy_delay):
+    model = nn.Sequential(ViewGradBlock(), ViewGradBlock(), ViewGradBlock())
+    x = _input().requires_grad_()
+
+    def run(ctx):
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        for i in range(2):  # accumulation adds into a grad that may alias the view
+            if ctx is None:
+                loss = model(x + i).sum()
+            else:
+                with ctx:
+                    loss = model(x + i).sum()
+            loss.backward()
+        return _grads(model), x.grad.clone()
+
+    want, want_x = run(None)
+    ctx = _ctx(model, scope="ViewGradBlock", lag=0)
+    got, got_x = run(ctx)
+    _assert_same_grads(got, want)
+    assert torch.equal(got_x, want_x)
+    assert ctx.stats()["bytes_reloaded"] > 0
+
+
+# ---- what is never offloaded ------------------------------------------------
+
+
+class ParamViewBlock(nn.Module):
+    """Saves a view of its weight (mm's other operand) and one activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(D, D) * 0.1)
+        self.register_buffer("scale", torch.full((8, D), 0.5))
+
+    def forward(self, x):
+        h = x @ self.w.t()  # saves x and w.t()
+        return (h * self.scale).sin()  # saves scale (a buffer) and h*scale
+
+
+def test_parameters_buffers_and_their_views_stay(no_leaks):
+    model = nn.Sequential(ParamViewBlock())
+    x = _input().requires_grad_()  # so mm saves w.t() too
+    model(x).sum().backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model, scope="ParamViewBlock") as ctx:
+        loss = model(x).sum()
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    stats = ctx.stats()
+    assert stats["skipped"]["parameter"] == 2  # w.t() and the buffer
+    assert stats["bytes_offloaded"] == 2 * 8 * D * 4  # x and h * scale
+
+
+def test_small_storages_stay():
+    model, x = Toy(), _input()
+    with _ctx(model, min_bytes=1 << 20) as ctx:
+        loss = model(x)
+    loss.backward()
+    stats = ctx.stats()
+    assert stats["bytes_offloaded"] == 0 and stats["skipped"]["small"] > 0
+
+
+def test_cpu_model_without_device_argument_is_inactive():
+    model, x = Toy(), _input()
+    with offload_activations(model, scope="attn", min_bytes=0) as ctx:
+        model(x).backward()
+    assert ctx.stats()["inactive"] and "device='cpu'" in ctx.stats()["inactive"]
+
+
+# ---- bad arguments ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"min_bytes": -1}, "min_bytes must be >= 0"),
+    ({"prefetch": -2}, "prefetch must be >= 0"),
+    ({"lag": -1}, "lag must be >= 0"),
+    ({"prefetch": 1.5}, "prefetch must be an int"),
+    ({"device": "tpu"}, "unknown device 'tpu'"),
+    ({"device": "meta"}, "device meta is not supported"),
+    ({"scope": ""}, "scope must be"),
+])
+def test_bad_arguments_raise_value_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        offload_activations(Toy(), **{"scope": "attn", **kwargs})
+
+
+def test_model_must_be_a_module():
+    with pytest.raises(ValueError, match="must be a torch.nn.Module, got function"):
+        offload_activations(lambda x: x)
+
+
+def test_scope_matching_nothing_names_the_scope_and_lists_modules():
+    with pytest.raises(ValueError) as info:
+        offload_activations(Toy(), scope="self_attn", device="cpu")
+    text = str(info.value)
+    assert "'self_attn'" in text and "attn (Linear)" in text and "layers (ModuleList)" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
+def test_cuda_device_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="cuda"):
+        offload_activations(Toy(), device="cuda")
+
+
+def test_scope_none_means_every_element_of_the_largest_module_list(no_leaks):
+    model, x = Toy(layers=3), _input()
+    with _ctx(model, scope=None) as ctx:
+        loss = model(x)
+    loss.backward()
+    assert ctx.stats()["layers"] == 3
+
+
+def test_two_contexts_on_one_model_is_an_error():
+    model = Toy()
+    with _ctx(model):
+        with pytest.raises(RuntimeError, match="already active"):
+            with _ctx(model):
+                pass
