@@ -219,7 +219,7 @@ class _Entry:
             pass
         owner = self.owner
         if owner is not None:
-            owner._forget_entry(self.key)
+            owner._forget_entry(self.key, self)
 
 
 class _Handle:

@@ -185,6 +185,8 @@ class OffloadActivations:
         self._scope = _scope_modules(model, scope)
         self._model = model
 
+        # Re-entrant on purpose: a handle or entry destructor (it takes the lock)
+        # may run from the garbage collector inside a locked region of this thread.
         self._lock = threading.RLock()
         self._active = False
         self._hooks_cm = None
@@ -398,10 +400,11 @@ class OffloadActivations:
         self._stats["tensors_offloaded"] += 1
         return _Handle(entry, layer, t, witness, version)
 
-    def _forget_entry(self, key) -> None:
+    def _forget_entry(self, key, entry) -> None:
+        """Called by a dying entry (from its __del__, where its weakref may still resolve)."""
         with self._lock:
             ref = self._entries.get(key)
-            if ref is not None and ref() is None:
+            if ref is not None and ref() in (None, entry):
                 del self._entries[key]
 
     # ---- unpack -------------------------------------------------------------

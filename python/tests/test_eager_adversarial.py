@@ -511,6 +511,22 @@ def test_scope_none_means_every_element_of_the_largest_module_list(no_leaks):
     assert ctx.stats()["layers"] == 3
 
 
+def test_scope_list_and_nested_scope_modules(no_leaks):
+    model, x = Toy(layers=3), _input()
+    want = _reference(model, x)
+    model.zero_grad(set_to_none=True)
+    with _ctx(model, scope=["attn", "mlp"]) as ctx:
+        loss = model(x)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    assert ctx.stats()["layers"] == 6
+    # A scope module inside another one belongs to the outer one's layer.
+    with _ctx(model, scope=["Block", "attn"]) as ctx:
+        loss = model(x)
+    loss.backward()
+    assert ctx.stats()["layers"] == 3
+
+
 def test_two_contexts_on_one_model_is_an_error():
     model = Toy()
     with _ctx(model):
