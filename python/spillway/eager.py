@@ -136,6 +136,9 @@ def _target_device(model: nn.Module, device) -> tuple[torch.device, bool]:
             raise ValueError(f"[eager] device {target}: spillway._C was built without CUDA")
         if target.index is None:
             target = torch.device("cuda", torch.cuda.current_device())
+        if target.index >= torch.cuda.device_count():
+            raise ValueError(f"[eager] device {target}: there are "
+                             f"{torch.cuda.device_count()} CUDA devices")
     elif target.type != "cpu":
         raise ValueError(f"[eager] device {target} is not supported: spillway moves tensors "
                          "of cpu or cuda devices")
