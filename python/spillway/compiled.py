@@ -69,11 +69,15 @@ class CompiledPlan:
     forward_ops / backward_ops: spillway ops per name ("offload", "reload",
     "wait_tensor") in the forward and backward graph modules handed to the
     compiler (filled in when those graphs are compiled).
+    forward_outputs: names of the forward graph's outputs: the model's outputs,
+    then what the forward saves for backward (a chosen activation's forward
+    wait, "spillway_wait_offload_<name>", is saved instead of the activation).
     """
 
     plan: dict
     forward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     backward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    forward_outputs: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def chosen(self) -> list[str]:
@@ -182,6 +186,7 @@ class _Session:
                 record, self.pending_forward = self.pending_forward, None
                 if record is not None:
                     record.forward_ops = counts
+                    record.forward_outputs = _output_names(graph)
 
 
 _latest: _Session | None = None
@@ -216,6 +221,13 @@ def _custom_graph_pass(fn: Callable[[torch.fx.Graph], None]) -> Any:
             return None
 
     return _Pass()
+
+
+def _output_names(graph: torch.fx.Graph) -> list[str]:
+    (output,) = graph.find_nodes(op="output")
+    names: list[str] = []
+    torch.fx.node.map_arg(output.args, lambda n: names.append(n.name))
+    return names
 
 
 def _is_backward_graph(graph: torch.fx.Graph) -> bool:

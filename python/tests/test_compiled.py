@@ -51,8 +51,18 @@ def _tiny_llama(seed=0, *, hidden=64, intermediate=128, layers=2, vocab=128):
 
 
 def _ids(seq, *, seed=1, batch=2, vocab=128, device="cpu"):
+    """Token ids, all distinct when they fit in the vocabulary.
+
+    Distinct ids keep the embedding's backward deterministic: Inductor
+    accumulates it with atomic adds from parallel threads, whose order varies
+    from run to run when two positions share a token.
+    """
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    if batch * seq <= vocab:
+        ids = torch.randperm(vocab, generator=gen)[:batch * seq].view(batch, seq)
+    else:
+        ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    return ids.to(device)
 
 
 def _train(model, run, ids_per_step):
@@ -88,6 +98,10 @@ def _assert_edits_in_graphs(plan):
     assert chosen > 0, plan.plan["skipped_large"]
     assert plan.forward_ops == {"offload": chosen, "wait_tensor": chosen}
     assert plan.backward_ops == {"reload": chosen, "wait_tensor": chosen}
+    # The forward saves the host copy for backward, never the activation itself.
+    for name in plan.chosen:
+        assert f"spillway_wait_offload_{name}" in plan.forward_outputs
+        assert name not in plan.forward_outputs
 
 
 @pytest.fixture(autouse=True)
@@ -127,11 +141,12 @@ def test_offload_is_bit_exact_and_edits_reach_both_graphs(backend):
         _assert_bit_equal(got, _train(eager, eager, steps))
 
 
-def test_dynamic_shapes_compile_once_and_stay_exact():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dynamic_shapes_compile_once_and_stay_exact(backend):
     base = _tiny_llama()
     steps = [_ids(32, seed=0), _ids(24, seed=1), _ids(32, seed=2)]
     model = copy.deepcopy(base)
-    run = compiled.compile(model, backend="aot_eager", scope="mlp", min_bytes=0, dynamic=True)
+    run = compiled.compile(model, backend=backend, scope="mlp", min_bytes=0, dynamic=True)
     got = _train(model, run, steps)
 
     plans = compiled.last_plans()
@@ -142,7 +157,16 @@ def test_dynamic_shapes_compile_once_and_stay_exact():
     assert all(decisions[name]["bytes"] == 2 * 32 * 128 * 4 for name in plans[0].chosen)
 
     eager = copy.deepcopy(base)
-    _assert_bit_equal(got, _train(eager, eager, steps))
+    want = _train(eager, eager, steps)
+    if backend == "aot_eager":
+        _assert_bit_equal(got, want)
+    else:
+        # Inductor's kernels round differently from eager's; the bit-exact
+        # comparison with Inductor is the static test's. Here: same values.
+        for (loss, grads), (want_loss, want_grads) in zip(got, want):
+            torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+            for name in grads:
+                torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-6)
 
 
 def test_nothing_chosen_leaves_graphs_unchanged():
