@@ -17,6 +17,7 @@ import os
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import checkpoint
 
 if os.environ.get("SPILLWAY_REQUIRE_EXTENSION") == "1":
@@ -32,6 +33,9 @@ from spillway.eager import offload_activations  # noqa: E402
 from _models import tiny_llama  # noqa: E402
 
 D = 32  # toy width: a (8, 32) float32 activation is 1 KiB
+
+CUDA = torch.cuda.is_available() and ops.cuda_built()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device and spillway._C with CUDA")
 
 
 class Block(nn.Module):
@@ -72,8 +76,17 @@ class Toy(nn.Module):
         return self.head(x).square().mean()
 
 
-def _input(seed=0, rows=8):
-    return torch.randn(rows, D, generator=torch.Generator().manual_seed(seed))
+def _input(seed=0, rows=8, device="cpu"):
+    return torch.randn(rows, D, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _pool(device) -> str:
+    return "cpu" if torch.device(device).type == "cpu" else "cuda:0"
+
+
+def _live_bytes() -> tuple[int, ...]:
+    pools = ["cpu", "cuda:0"] if CUDA else ["cpu"]
+    return tuple(ops.pool_stats(p)["bytes_live"] for p in pools)
 
 
 def _grads(model):
@@ -98,12 +111,18 @@ def no_leaks():
     """Asserts, after the test, that no wait is pending and no host copy is alive."""
     gc.collect()
     ops.synchronize()
-    before = ops.pool_stats("cpu")["bytes_live"]
+    before = _live_bytes()
     yield
     gc.collect()
     ops.synchronize()
     assert ops.pending_waits() == 0
-    assert ops.pool_stats("cpu")["bytes_live"] == before
+    assert _live_bytes() == before
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=needs_cuda)])
+def device(request):
+    """Where the toy model runs: cpu (the fake backend) or cuda (the copy engine)."""
+    return request.param
 
 
 @pytest.fixture
@@ -124,8 +143,8 @@ def _reference(model, x, steps=1):
 
 
 @pytest.mark.parametrize("min_bytes", [0, 1 << 30], ids=["offloaded", "kept"])
-def test_inplace_write_after_saving_raises_autograds_error(min_bytes, no_leaks):
-    model, x = Toy(), _input()
+def test_inplace_write_after_saving_raises_autograds_error(device, min_bytes, no_leaks):
+    model, x = Toy().to(device), _input(device=device)
     model(x)  # sanity: without the context autograd itself raises
     loss = model(x)
     model.layers[0].last_hidden.add_(1)
@@ -133,7 +152,7 @@ def test_inplace_write_after_saving_raises_autograds_error(min_bytes, no_leaks):
         loss.backward()
     del loss
 
-    with _ctx(model, min_bytes=min_bytes) as ctx:
+    with _ctx(model, device=device, min_bytes=min_bytes) as ctx:
         loss = model(x)
     model.layers[1].last_hidden.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -158,11 +177,11 @@ def test_inplace_write_before_saving_is_fine(no_leaks):
 # ---- checkpointing ----------------------------------------------------------
 
 
-def test_checkpoint_inside_the_context(no_leaks, copy_delay):
-    model, x = Toy(ckpt_mlp=True), _input()
+def test_checkpoint_inside_the_context(device, no_leaks, copy_delay):
+    model, x = Toy(ckpt_mlp=True).to(device), _input(device=device)
     want = _reference(model, x)
     model.zero_grad(set_to_none=True)
-    with _ctx(model) as ctx:
+    with _ctx(model, device=device) as ctx:
         loss = model(x)
     loss.backward()
     _assert_same_grads(_grads(model), want)
@@ -170,8 +189,8 @@ def test_checkpoint_inside_the_context(no_leaks, copy_delay):
     assert stats["bytes_offloaded"] > 0 and stats["bytes_reloaded"] > 0
 
 
-def test_context_inside_a_checkpointed_function_leaves_it_to_checkpoint(no_leaks):
-    model, x = Toy(), _input().requires_grad_()
+def test_context_inside_a_checkpointed_function_leaves_it_to_checkpoint(device, no_leaks):
+    model, x = Toy().to(device), _input(device=device).requires_grad_()
     want = _reference(model, x)
     want_x = x.grad.clone()
     x.grad = None
@@ -179,7 +198,7 @@ def test_context_inside_a_checkpointed_function_leaves_it_to_checkpoint(no_leaks
     contexts = []
 
     def run(inp):
-        ctx = _ctx(model)
+        ctx = _ctx(model, device=device)
         contexts.append(ctx)
         with ctx:
             return model(inp)
@@ -214,19 +233,46 @@ def test_hf_gradient_checkpointing_inside_the_context(no_leaks):
 # ---- lifetimes --------------------------------------------------------------
 
 
-def test_forward_without_backward_frees_everything(no_leaks):
-    model, x = Toy(), _input()
-    live = ops.pool_stats("cpu")["bytes_live"]
-    with _ctx(model) as ctx:
+def test_forward_without_backward_frees_everything(device, no_leaks):
+    model, x = Toy().to(device), _input(device=device)
+    live = ops.pool_stats(_pool(device))["bytes_live"]
+    with _ctx(model, device=device) as ctx:
         loss = model(x)
     assert ops.pending_waits() == 0
-    assert ops.pool_stats("cpu")["bytes_live"] > live  # host copies held by the graph
+    assert ops.pool_stats(_pool(device))["bytes_live"] > live  # host copies held by the graph
     for layer in model.layers:
         layer.last_hidden = None
     del loss
     gc.collect()
-    assert ops.pool_stats("cpu")["bytes_live"] == live
+    assert ops.pool_stats(_pool(device))["bytes_live"] == live
     assert ctx.stats()["bytes_offloaded"] > 0
+
+
+def test_released_layers_let_their_device_memory_go(device, no_leaks):
+    model, x = Toy(layers=3).to(device), _input(device=device)
+    seen = []  # the storage entering each block: what its attn Linear saves
+    hooks = [block.register_forward_pre_hook(
+        lambda module, args: seen.append(StorageWeakRef(args[0].untyped_storage())))
+        for block in model.layers]
+
+    def alive():
+        return [not ref.expired() for ref in seen]
+
+    loss = model(x)
+    assert alive() == [True, True, True]  # autograd keeps every saved input
+    del loss
+    seen.clear()
+    with _ctx(model, device=device) as ctx:
+        loss = model(x)
+    # Block 0's input is x (held here); block 1's was released at the end of
+    # block 2 (lag 1); block 2 is the resident tail.
+    assert alive() == [True, False, True]
+    assert ctx.stats()["kept_resident"] > 0
+    loss.backward()
+    for h in hooks:
+        h.remove()
+    for layer in model.layers:
+        layer.last_hidden = None
 
 
 def test_exception_inside_the_forward_leaves_no_hook_or_wait(no_leaks):
@@ -253,15 +299,15 @@ def test_exception_inside_the_forward_leaves_no_hook_or_wait(no_leaks):
     _assert_same_grads(_grads(model), want)
 
 
-def test_retain_graph_backward_twice_reloads_again(no_leaks, copy_delay):
-    model, x = Toy(layers=4), _input()
+def test_retain_graph_backward_twice_reloads_again(device, no_leaks, copy_delay):
+    model, x = Toy(layers=4).to(device), _input(device=device)
     model.zero_grad(set_to_none=True)
     loss = model(x)
     loss.backward(retain_graph=True)
     loss.backward()
     want = _grads(model)
     model.zero_grad(set_to_none=True)
-    with _ctx(model) as ctx:
+    with _ctx(model, device=device) as ctx:
         loss = model(x)
     loss.backward(retain_graph=True)
     first = ctx.stats()["bytes_reloaded"]
@@ -274,8 +320,8 @@ def test_retain_graph_backward_twice_reloads_again(no_leaks, copy_delay):
     del loss
 
 
-def test_double_backward(no_leaks):
-    model, x = Toy(), _input()
+def test_double_backward(device, no_leaks):
+    model, x = Toy().to(device), _input(device=device)
 
     def hvp(loss):
         params = list(model.parameters())
@@ -284,7 +330,7 @@ def test_double_backward(no_leaks):
         return torch.autograd.grad(dot, params)
 
     want = hvp(model(x))
-    with _ctx(model) as ctx:
+    with _ctx(model, device=device) as ctx:
         loss = model(x)
     got = hvp(loss)
     for g, w in zip(got, want):
@@ -297,41 +343,41 @@ def test_double_backward(no_leaks):
 
 
 @pytest.mark.parametrize("one_context", [True, False], ids=["one-context", "context-per-step"])
-def test_gradient_accumulation_over_micro_steps(one_context, no_leaks, copy_delay):
-    model, x = Toy(), _input()
+def test_gradient_accumulation_over_micro_steps(device, one_context, no_leaks, copy_delay):
+    model, x = Toy().to(device), _input(device=device)
     want = _reference(model, x, steps=3)
     model.zero_grad(set_to_none=True)
     if one_context:
-        with _ctx(model) as ctx:
+        with _ctx(model, device=device) as ctx:
             for i in range(3):
                 model(x + i).backward()
         assert ctx.stats()["layers"] == 9
     else:
         for i in range(3):
-            with _ctx(model):
+            with _ctx(model, device=device):
                 loss = model(x + i)
             loss.backward()
     _assert_same_grads(_grads(model), want)
 
 
-def test_two_forwards_then_one_backward(no_leaks, copy_delay):
-    model, x = Toy(), _input()
+def test_two_forwards_then_one_backward(device, no_leaks, copy_delay):
+    model, x = Toy().to(device), _input(device=device)
     model.zero_grad(set_to_none=True)
     (model(x) + model(x * 2)).backward()
     want = _grads(model)
     model.zero_grad(set_to_none=True)
-    with _ctx(model, prefetch=2) as ctx:
+    with _ctx(model, device=device, prefetch=2) as ctx:
         loss = model(x) + model(x * 2)
     loss.backward()
     _assert_same_grads(_grads(model), want)
     assert ctx.stats()["reloads_prefetched"] > 0
 
 
-def test_tensor_shared_between_layers_is_offloaded_once(no_leaks, copy_delay):
-    model, x = Toy(layers=4, shared=True), _input()
+def test_tensor_shared_between_layers_is_offloaded_once(device, no_leaks, copy_delay):
+    model, x = Toy(layers=4, shared=True).to(device), _input(device=device)
     want = _reference(model, x)
     model.zero_grad(set_to_none=True)
-    with _ctx(model, scope="Block") as ctx:
+    with _ctx(model, device=device, scope="Block") as ctx:
         loss = model(x)
     loss.backward()
     _assert_same_grads(_grads(model), want)
@@ -397,9 +443,9 @@ class ViewGradBlock(nn.Module):
         return SyntheticGrad.apply(x, wide) * 2
 
 
-def test_backward_returning_a_view_of_a_reloaded_tensor(no_leaks, copy_delay):
-    model = nn.Sequential(ViewGradBlock(), ViewGradBlock(), ViewGradBlock())
-    x = _input().requires_grad_()
+def test_backward_returning_a_view_of_a_reloaded_tensor(device, no_leaks, copy_delay):
+    model = nn.Sequential(ViewGradBlock(), ViewGradBlock(), ViewGradBlock()).to(device)
+    x = _input(device=device).requires_grad_()
 
     def run(ctx):
         model.zero_grad(set_to_none=True)
@@ -414,7 +460,7 @@ def test_backward_returning_a_view_of_a_reloaded_tensor(no_leaks, copy_delay):
         return _grads(model), x.grad.clone()
 
     want, want_x = run(None)
-    ctx = _ctx(model, scope="ViewGradBlock", lag=0)
+    ctx = _ctx(model, device=device, scope="ViewGradBlock", lag=0)
     got, got_x = run(ctx)
     _assert_same_grads(got, want)
     assert torch.equal(got_x, want_x)
