@@ -76,7 +76,8 @@ TEST(TupleOutputsTest, WithoutAGetitemStaysRefused) {
   // (and free the storage) before the node that reads it.
   TupleLastUse t(0);
   const Graph g = t.a.finish();
-  const ValueDecision& d = decision_for(plan_and_check(g, relaxed(true, true)).plan, t.a.q.id);
+  const PlanResult r = plan_and_check(g, relaxed(true, true));
+  const ValueDecision& d = decision_for(r.plan, t.a.q.id);
   EXPECT_EQ(d.rule, Rule::kTupleLastUse);
   EXPECT_THAT(d.detail, ::testing::HasSubstr("no forward tensor getitem"));
 }
@@ -172,7 +173,9 @@ TEST(DenseStoragesTest, ReplayedViewsReadTheRestoredValue) {
   ASSERT_EQ(decision_for(r.plan, d.k.id).rule, Rule::kChosen);
   const Node& replay = node_named(r.graph, "spillway_replay_transpose_0");
   for (const Offload& o : r.plan.offloads) {
-    if (o.producer == d.k.id) EXPECT_EQ(replay.args[0].node, o.restore_permute_node);
+    if (o.producer == d.k.id) {
+      EXPECT_EQ(replay.args[0].node, o.restore_permute_node);
+    }
   }
   EXPECT_TRUE(reads(node_named(r.graph, "flat_grad"), replay.id));
 }
@@ -181,8 +184,8 @@ TEST(DenseStoragesTest, OverlappingOrGappyLayoutsStayRefused) {
   // Overlapping: a stride 0 (an expand).
   {
     DenseGraph d(GraphBuilder::tensor({64, 8, 2048}, {2048, 0, 1}));
-    const ValueDecision& v = decision_for(plan_and_check(d.a.finish(), relaxed(true, true)).plan,
-                                          d.k.id);
+    const PlanResult r = plan_and_check(d.a.finish(), relaxed(true, true));
+    const ValueDecision& v = decision_for(r.plan, d.k.id);
     EXPECT_EQ(v.rule, Rule::kNotContiguous);
     EXPECT_THAT(v.detail, ::testing::HasSubstr("not a permutation of a contiguous layout"));
   }
@@ -209,8 +212,8 @@ TEST(DenseStoragesTest, StorageLargerThanTheValueIsRefused) {
   DenseGraph d(transposed());
   d.a.b.forward().within("model.layers.0.self_attn");
   d.a.b.view("aten.as_strided.default", d.k, GraphBuilder::tensor({2048, 1024}));
-  const ValueDecision& v =
-      decision_for(plan_and_check(d.a.finish(), relaxed(true, true)).plan, d.k.id);
+  const PlanResult r = plan_and_check(d.a.finish(), relaxed(true, true));
+  const ValueDecision& v = decision_for(r.plan, d.k.id);
   EXPECT_EQ(v.rule, Rule::kNotContiguous);
   EXPECT_THAT(v.detail, ::testing::HasSubstr("reaches 4194304 > 2097152 bytes"));
 }
