@@ -288,5 +288,37 @@ TEST(OffloadRewriteTest, ReloadBeforeItsRegionCountsFromThePreviousOccurrence) {
   EXPECT_LT(position_of(r.graph, layer0.reload_node), position_of(r.graph, l.grad[2].id));
 }
 
+TEST(OffloadRewriteTest, ReloadPrefetchedOntoAReplayOfALaterOffload) {
+  // a0 (4 MiB, layer 0) is planned first, a1 (2 MiB, layer 1) second. a1's
+  // backward reads a transpose of it first thing in layer 1's backward region,
+  // so the replayed transpose opens that region, and a0's reload, prefetched
+  // one region early, lands just before it: on a node a later edit inserts.
+  GraphBuilder b("prefetch onto a replay");
+  auto x = b.input("x", GraphBuilder::tensor({1024, 2048}));
+  auto w = b.input("w", GraphBuilder::tensor({2048, 2048}));
+  b.within("model.layers.0.self_attn");
+  auto a0 = b.named("a0").call("aten.mm.default", {x, w}, GraphBuilder::tensor({1024, 2048}));
+  auto r0 = b.named("r0").call("aten.relu.default", {a0}, GraphBuilder::tensor({1024, 2048}));
+  b.within("model.layers.1.self_attn");
+  auto a1 = b.named("a1").call("aten.relu.default", {r0}, two_mib());
+  auto v1 = b.named("v1").view("aten.t.default", a1, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
+  auto r1 = b.named("r1").call("aten.relu.default", {a1}, two_mib());
+  b.backward().within("model.layers.1.self_attn");
+  auto g1 = b.named("g1").call("aten.neg.default", {v1}, two_mib());
+  b.within("model.layers.0.self_attn");
+  auto g0 = b.named("g0").call("aten.mul.Tensor", {a0, g1}, GraphBuilder::tensor({1024, 2048}));
+  b.module({});
+  b.output({r1, g0});
+  const Graph g = b.build();
+
+  const PlanResult r = plan_and_check(g);
+  ASSERT_EQ(r.plan.offloads.size(), 2u);
+  const Offload& first = offload_of(r.plan, a0.id);
+  EXPECT_TRUE(first.prefetched);
+  const std::size_t replay = position_of(r.graph, node_named(r.graph, "spillway_replay_v1").id);
+  EXPECT_EQ(position_of(r.graph, first.reload_node) + 1, replay);
+  EXPECT_TRUE(reads(node_with_id(r.graph, g1.id), node_named(r.graph, "spillway_replay_v1").id));
+}
+
 }  // namespace
 }  // namespace spillway::plan::test

@@ -10,8 +10,8 @@
 namespace spillway::plan::test {
 namespace {
 
-using spillway::testing::lit;
 using spillway::testing::list;
+using spillway::testing::lit;
 
 ActivationPlanOptions relaxed(bool tuple_outputs, bool dense) {
   ActivationPlanOptions options;
@@ -32,8 +32,7 @@ struct TupleLastUse {
   explicit TupleLastUse(int getitems) {
     a.b.forward().within("model.layers.0.self_attn");
     sdpa = a.b.named("sdpa").call_value("aten._scaled_dot_product_flash_attention.default",
-                                        {a.q, a.q, a.q},
-                                        GraphBuilder::tuple({two_mib(), kib(16)}));
+                                        {a.q, a.q, a.q}, GraphBuilder::tuple({two_mib(), kib(16)}));
     if (getitems >= 1) {
       out = a.b.named("out").call_untyped("operator.getitem", {sdpa, lit(0)},
                                           Value::of_tensor(two_mib()));
@@ -103,8 +102,8 @@ struct DenseGraph {
     k = a.b.named("k").call("aten.add.Tensor", {a.q, a.q}, std::move(value));
     a.b.call("aten.relu.default", {k}, two_mib());
     if (with_view) {  // a forward view of k read only by backward
-      flat = a.b.view("aten.transpose.int", k, GraphBuilder::tensor({8, 64, 2048}),
-                      {lit(0), lit(1)});
+      flat =
+          a.b.view("aten.transpose.int", k, GraphBuilder::tensor({8, 64, 2048}), {lit(0), lit(1)});
       a.b.backward();
       a.b.named("flat_grad").call("aten.neg.default", {flat}, two_mib());
     }
