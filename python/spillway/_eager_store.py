@@ -74,14 +74,16 @@ def version_witness(t: torch.Tensor) -> torch.Tensor:
 class _Kept:
     """A saved tensor left in place: the tensor and its version when saved."""
 
-    __slots__ = ("tensor", "version")
+    __slots__ = ("tensor", "version", "layer")
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor, layer: "_Layer | None" = None):
         # Detached: pack receives the saved tensor itself, whose grad_fn may be
         # the node saving it; holding that would make a cycle through C++ that
         # Python's collector cannot see. detach() shares the version counter.
         self.tensor = tensor.detach()
         self.version = tensor._version
+        # The layer it was saved in, if any: its unpack still drives prefetch.
+        self.layer = layer
 
     def unpack(self) -> torch.Tensor:
         t = self.tensor
@@ -97,11 +99,13 @@ class _Layer:
     one pass.
     """
 
-    __slots__ = ("index", "pass_id", "pending", "entries", "prefetched_task", "__weakref__")
+    __slots__ = ("index", "pass_id", "selected", "pending", "entries", "prefetched_task",
+                 "__weakref__")
 
-    def __init__(self, index: int, pass_id: int):
+    def __init__(self, index: int, pass_id: int, selected: bool = True):
         self.index = index
         self.pass_id = pass_id
+        self.selected = selected  # whether its saved tensors may be offloaded
         self.pending: list[_Entry] = []  # entries whose forward wait has not run
         self.entries: list[weakref.ref] = []  # every entry a handle of this layer uses
         self.prefetched_task = None  # graph task whose prefetch already covered this layer

@@ -75,8 +75,8 @@ from spillway._eager_store import _Entry, _Handle, _Kept, _Layer, version_witnes
 
 __all__ = ["offload_activations", "OffloadActivations"]
 
-_SKIP_REASONS = ("outside_scope", "backward", "unsupported", "other_device", "parameter",
-                 "small", "host_full")
+_SKIP_REASONS = ("outside_scope", "layer_not_selected", "backward", "unsupported",
+                 "other_device", "parameter", "small", "host_full")
 
 # Models with an active context: two contexts on one model would double its hooks.
 _active_models: "weakref.WeakKeyDictionary[nn.Module, OffloadActivations]" = (
@@ -86,7 +86,8 @@ _active_models: "weakref.WeakKeyDictionary[nn.Module, OffloadActivations]" = (
 def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "self_attn",
                         min_bytes: int = 1 << 20, prefetch: int = 1,
                         device: torch.device | str | None = None,
-                        lag: int = 1) -> "OffloadActivations":
+                        lag: int = 1,
+                        layers: Iterable[int] | None = None) -> "OffloadActivations":
     """The context manager that offloads the activations saved by `model`'s scope modules.
 
     Args:
@@ -97,12 +98,19 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "s
       device: the device whose tensors are offloaded (cpu or cuda[:N]).
       lag: how many layers later the forward wait of a layer runs (0: at the end
         of the layer itself); the last `lag` layers stay resident for backward.
+      layers: which scope modules offload, as positions in the scope's module
+        order (model.named_modules() order; 0 is the first decoder layer);
+        None: all. The others keep their saved tensors on the device but still
+        count for `lag` and `prefetch`, so `layers=range(3), lag=8` offloads the
+        first three layers and gives each copy eight layers of compute to hide
+        behind before its wait.
 
     Raises ValueError for a non-module model, negative min_bytes/prefetch/lag,
-    an unknown device, or a scope matching no module.
+    an unknown device, a scope matching no module, or a layer position out of
+    range.
     """
     return OffloadActivations(model, scope=scope, min_bytes=min_bytes, prefetch=prefetch,
-                              device=device, lag=lag)
+                              device=device, lag=lag, layers=layers)
 
 
 def _check_count(name: str, value) -> int:
@@ -173,11 +181,29 @@ def _scope_modules(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def _selected_layers(layers, count: int) -> frozenset | None:
+    """The scope positions `layers` names (None: all); ValueError when out of range."""
+    if layers is None:
+        return None
+    try:
+        chosen = list(layers)
+    except TypeError:
+        raise ValueError(f"[eager] layers must be an iterable of ints or None, got "
+                         f"{layers!r}") from None
+    for i in chosen:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"[eager] layers must hold ints, got {i!r}")
+        if not 0 <= i < count:
+            raise ValueError(f"[eager] layer position {i} is out of range: the scope "
+                             f"matches {count} modules (positions 0..{count - 1})")
+    return frozenset(chosen)
+
+
 class OffloadActivations:
     """The context of offload_activations(); see the module docstring."""
 
     def __init__(self, model, scope="self_attn", min_bytes=1 << 20, prefetch=1, device=None,
-                 lag=1):
+                 lag=1, layers=None):
         if not isinstance(model, nn.Module):
             raise ValueError(f"[eager] model must be a torch.nn.Module, got "
                              f"{type(model).__name__}")
@@ -186,6 +212,8 @@ class OffloadActivations:
         self._lag = _check_count("lag", lag)
         self._device, self._enabled = _target_device(model, device)
         self._scope = _scope_modules(model, scope)
+        self._position = {id(m): i for i, (_, m) in enumerate(self._scope)}
+        self._selected = _selected_layers(layers, len(self._scope))
         self._model = model
 
         # Re-entrant on purpose: a handle or entry destructor (it takes the lock)
@@ -296,13 +324,18 @@ class OffloadActivations:
         if self._depth > 1:
             return
         with self._lock:
-            layer = _Layer(self._next_layer, self._pass_id)
+            # Prune before registering: the new layer has no entries yet and
+            # would count as dead (it used to be dropped at once, so prefetch
+            # never found layer 0, 16, 32, ...).
+            if self._next_layer % 16 == 0:
+                self._prune_layers()
+            position = self._position.get(id(module))
+            layer = _Layer(self._next_layer, self._pass_id,
+                           self._selected is None or position in self._selected)
             self._next_layer += 1
             self._layers[layer.index] = layer
             self._current = layer
             self._stats["layers"] += 1
-            if layer.index % 16 == 0:
-                self._prune_layers()
 
     def _on_layer_end(self, module, args, output):
         if self._in_backward() or self._depth == 0:
@@ -352,6 +385,8 @@ class OffloadActivations:
             return "backward"
         if self._current is None:
             return "outside_scope"
+        if not self._current.selected:
+            return "layer_not_selected"
         if isinstance(t, nn.Parameter):
             return "parameter"
         if (type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized
@@ -375,7 +410,7 @@ class OffloadActivations:
                     reason = "small"
             if reason is not None:
                 self._stats["skipped"][reason] += 1
-                return _Kept(t)
+                return _Kept(t, None if reason == "backward" else self._current)
             return self._pack_offloaded(t, storage, key)
 
     def _pack_offloaded(self, t, storage, key):
@@ -392,7 +427,7 @@ class OffloadActivations:
                 entry = _Entry(self, key, layer, flat, witness, version)
             except torch.OutOfMemoryError:
                 self._stats["skipped"]["host_full"] += 1
-                return _Kept(t)
+                return _Kept(t, layer)
             self._entries[key] = weakref.ref(entry)
             layer.pending.append(entry)
             if not self._pending or self._pending[-1] is not layer:
@@ -415,7 +450,10 @@ class OffloadActivations:
     def _unpack(self, packed):
         try:
             if isinstance(packed, _Kept):
-                return packed.unpack()
+                out = packed.unpack()
+                if packed.layer is not None:
+                    self._prefetch_for_kept(packed.layer)
+                return out
             packed.check_version()
         except RuntimeError:
             # This backward stops here: what it prefetched is not needed now.
@@ -475,9 +513,21 @@ class OffloadActivations:
         self._reload_layer(layer, task, "reloads_on_demand")
         for back in range(1, self._prefetch + 1):
             earlier = self._layers.get(layer.index - back)
-            if earlier is None or earlier.pass_id != layer.pass_id:
+            if earlier is None:
+                continue  # pruned: nothing of it was offloaded
+            if earlier.pass_id != layer.pass_id:
                 break
             self._reload_layer(earlier, task, "reloads_prefetched")
+
+    def _prefetch_for_kept(self, layer: _Layer) -> None:
+        """A kept tensor of `layer` was unpacked: backward has reached that layer."""
+        task = torch._C._current_graph_task_id()
+        if task == -1 or layer.prefetched_task == task:
+            return
+        with self._lock:
+            if task not in self._tasks_seen:
+                self._start_backward(task)
+            self._prefetch_from(layer, task)
 
     def _reload_layer(self, layer: _Layer, task, counter: str) -> None:
         for entry in layer.live_entries():

@@ -162,6 +162,32 @@ def test_lag_zero_releases_every_layer_and_keeps_none(copy_delay):
     assert stats["bytes_reloaded"] == stats["bytes_offloaded"]
 
 
+@pytest.mark.parametrize("copy_delay", [True], ids=["delay"], indirect=True)
+def test_chosen_layers_offload_and_kept_layers_drive_prefetch(copy_delay):
+    model, ids = tiny_llama(5, layers=4)
+    ref_loss, ref_grads = _reference_step(model, ids)
+    # Only layers 0 and 1 move; each waits 2 layers later (at the end of layers
+    # 2 and 3), so neither is in the resident tail.
+    loss, grads, stats = _offload_step(model, ids, "cpu", scope="LlamaDecoderLayer",
+                                       min_bytes=256, device="cpu", lag=2, layers=[0, 1],
+                                       prefetch=2)
+    _assert_same(loss, grads, ref_loss, ref_grads)
+    assert stats["skipped"]["layer_not_selected"] > 0
+    assert stats["kept_resident"] == 0
+    assert stats["bytes_reloaded"] == stats["bytes_offloaded"]
+    # Layers 2 and 3 kept everything; their unpacks started the reloads of 1 and 0.
+    assert stats["reloads_on_demand"] == 0, stats
+    assert stats["reloads_prefetched"] == stats["storages_offloaded"], stats
+
+
+def test_layer_positions_out_of_range_are_refused():
+    model, _ = tiny_llama(6, layers=2)
+    with pytest.raises(ValueError, match=r"layer position 2 is out of range.*2 modules"):
+        offload_activations(model, scope="LlamaDecoderLayer", device="cpu", layers=[0, 2])
+    with pytest.raises(ValueError, match="layers must hold ints"):
+        offload_activations(model, scope="LlamaDecoderLayer", device="cpu", layers=["0"])
+
+
 # ---- CUDA -------------------------------------------------------------------
 
 
