@@ -19,7 +19,8 @@ BENCHMARKS.md). Methods:
                          (non-reentrant), HF's gradient_checkpointing_enable
   save-on-cpu            eager, torch.autograd.graph.save_on_cpu(pin_memory=True)
   spillway-eager         eager, spillway.eager.offload_activations; options
-                         after a colon: spillway-eager:scope=self_attn,prefetch=2
+                         after a colon: spillway-eager:scope=*,layers=0-2,lag=8,prefetch=4
+                         (0-2: a range, a+b: a list, none: None)
   compiled               torch.compile (inductor), nothing
   compiled-ckpt-full     torch.compile over the checkpointed layers
   compiled-pt-offload    torch.compile with PyTorch's own activation offload
@@ -60,11 +61,23 @@ def _parse_method(spec: str) -> tuple[str, dict]:
         key, eq, value = item.partition("=")
         if not eq:
             raise SystemExit(f"[t1] bad option '{item}' in method '{spec}': expected key=value")
-        try:
-            options[key] = int(value)
-        except ValueError:
-            options[key] = value
+        options[key] = _option_value(value)
     return name, options
+
+
+def _option_value(value: str):
+    """'3' -> 3, '0-2' -> [0, 1, 2], 'a+b' -> ['a', 'b'], 'none' -> None, else the string."""
+    if value.lower() == "none":
+        return None
+    if "+" in value:
+        return [_option_value(v) for v in value.split("+")]
+    lo, dash, hi = value.partition("-")
+    if dash and lo.isdigit() and hi.isdigit():
+        return list(range(int(lo), int(hi) + 1))
+    try:
+        return int(value)
+    except ValueError:
+        return value
 
 
 def _build(shape: dict, device: str, dtype):

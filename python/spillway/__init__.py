@@ -1,7 +1,26 @@
 """Spillway: plan and run tensor offload between GPU memory and pinned host memory.
 
-The FX graph exporter lives in spillway.fx_export (it imports torch lazily, so
-importing spillway alone stays cheap).
+    with spillway.offload_activations(model, scope="self_attn"):   # eager
+        loss = model(x).loss
+    loss.backward()
+
+    compiled = spillway.compile(model, scope="self_attn")           # torch.compile
+
+The submodules load lazily (importing spillway alone stays cheap and does not
+import torch): spillway.eager, spillway.compiled, spillway.ops (the custom
+ops), spillway.fx_export (the FX graph exporter).
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["offload_activations", "compile"]
+
+
+def __getattr__(name):
+    if name == "offload_activations":
+        from spillway.eager import offload_activations
+        return offload_activations
+    if name == "compile":
+        from spillway.compiled import compile
+        return compile
+    raise AttributeError(f"module 'spillway' has no attribute {name!r}")
