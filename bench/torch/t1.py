@@ -28,7 +28,8 @@ BENCHMARKS.md). Methods:
                          separate stream, sink wait, reload prefetch)
   spillway-compiled      spillway.compiled.compile; options after a colon
 
---flat-steps N runs N more steps for spillway methods and records, per step,
+--flat-steps N (or the method option flat=N) runs N more steps for spillway
+methods and records, per step,
 the memory allocated at the step's start, its peak, and the pinned pool's
 bytes, to show both stay flat.
 
@@ -156,6 +157,7 @@ def run_one(spec: str, args) -> dict:
     import torch
 
     name, options = _parse_method(spec)
+    flat_steps = options.pop("flat", args.flat_steps)  # per-method --flat-steps
     shape = TINY if args.tiny else T1
     device = args.device
     cuda = device.startswith("cuda")
@@ -205,14 +207,14 @@ def run_one(spec: str, args) -> dict:
         loss_first=losses[0], method_stats=stats())
     if name.startswith("spillway"):
         result["pool"] = _pool_bytes(device)
-        if args.flat_steps:
+        if flat_steps:
             flat = []
-            for _ in range(args.flat_steps):
+            for _ in range(flat_steps):
                 dt, start_alloc, peak, _loss = one_step()
                 flat.append((start_alloc, peak, _pool_bytes(device).get("bytes_pinned", 0)))
             cols = list(zip(*flat))
             result["flat"] = {
-                "steps": args.flat_steps,
+                "steps": flat_steps,
                 "start_alloc_min_max": [min(cols[0]), max(cols[0])],
                 "peak_min_max": [min(cols[1]), max(cols[1])],
                 "pinned_min_max": [min(cols[2]), max(cols[2])],
