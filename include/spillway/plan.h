@@ -17,6 +17,9 @@
 //     forward use of the storage group; a reload and a backward wait before the
 //     first backward reader, backward readers redirected (views replayed on the
 //     reloaded value); reloads prefetched `prefetch_regions` scope regions early.
+// Two opt-in relaxations (ActivationPlanOptions::offload_tuple_outputs and
+// dense_storages, both off by default) lift the tuple-last-use and contiguity
+// rules; with both off the plan is the seed's, bit for bit.
 //
 // Thread-safety: every function here is pure (no shared state); call them from
 // any thread.

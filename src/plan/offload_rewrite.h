@@ -6,7 +6,10 @@
 //     offload(P)                     right after the producer P;
 //     wait_tensor(offload, P, last)  right after P's last forward use, or
 //                                    after the offload when P is its own last
-//                                    use (`last` is the last-use argument);
+//                                    use (`last` is the last-use argument;
+//                                    with offload_tuple_outputs, the last
+//                                    getitem of a tuple last use, and the wait
+//                                    sits right after that getitem);
 //   then backward, for each chosen value in the same order, all forward waits
 //   existing already:
 //     reload(forward_wait, device)   before the first backward reader;

@@ -86,6 +86,7 @@ bool dense_by_search(const TensorInfo& tensor) {
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   do {
     std::vector<std::int64_t> permuted;
+    permuted.reserve(order.size());
     for (std::size_t dim : order) permuted.push_back((*sizes)[dim]);
     const std::vector<std::int64_t> laid = row_major(permuted);
     bool match = true;
