@@ -78,12 +78,15 @@ void init_plan(py::module_& m) {
   m.def(
       "plan_activation_offload",
       [](const std::string& graph_json, const std::string& scope, std::int64_t host_budget_bytes,
-         std::int64_t min_bytes, int prefetch_regions, const std::string& mode) {
+         std::int64_t min_bytes, int prefetch_regions, const std::string& mode,
+         bool offload_tuple_outputs, bool dense_storages) {
         ActivationPlanOptions options;
         options.scope = scope;
         options.host_budget_bytes = host_budget_bytes;
         options.min_bytes = min_bytes;
         options.prefetch_regions = prefetch_regions;
+        options.offload_tuple_outputs = offload_tuple_outputs;
+        options.dense_storages = dense_storages;
         try {
           options.mode = parse_mode(mode);
           py::gil_scoped_release release;
@@ -101,14 +104,17 @@ void init_plan(py::module_& m) {
       py::arg("min_bytes") = ActivationPlanOptions{}.min_bytes,
       py::arg("prefetch_regions") = ActivationPlanOptions{}.prefetch_regions,
       py::arg("mode") = "scope",
+      py::arg("offload_tuple_outputs") = ActivationPlanOptions{}.offload_tuple_outputs,
+      py::arg("dense_storages") = ActivationPlanOptions{}.dense_storages,
       "Plans activation offload for a joint forward+backward graph given as Spillway graph "
       "JSON (docs/graph-format.md) and returns the plan as JSON text: the fields of "
       "`spillway plan --json` (decisions with rule names, offloads, counts) plus 'edit_list', "
       "the edits in application order (kind, source; insertions: the new node as the "
       "rewritten graph holds it, anchor, placement 'after'/'before'; redirects: reader, from, "
-      "to). mode 'none' plans nothing. Raises ValueError for an option out of range, a scope "
-      "that matches no module (the message names it) or an invalid graph (the message names "
-      "the node), with the planner's own message.");
+      "to). mode 'none' plans nothing; offload_tuple_outputs and dense_storages are the "
+      "ActivationPlanOptions of those names (include/spillway/plan.h). Raises ValueError for "
+      "an option out of range, a scope that matches no module (the message names it) or an "
+      "invalid graph (the message names the node), with the planner's own message.");
 }
 
 }  // namespace spillway::python

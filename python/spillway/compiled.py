@@ -284,14 +284,18 @@ def _check_options(plan_options: dict) -> None:
 
 
 def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: int = 0,
-            min_bytes: int = 1 << 20, prefetch: int = 1, backend: str = "inductor",
+            min_bytes: int = 1 << 20, prefetch: int = 1, offload_tuple_outputs: bool = False,
+            dense_storages: bool = False, backend: str = "inductor",
             dynamic: bool | None = None, **torch_compile_kwargs: Any) -> Any:
     """torch.compile(model_or_fn) with activation offload planned into every joint graph.
 
     scope: leaf module name whose activations may move ("self_attn", "mlp").
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
     min_bytes: smallest activation worth a transfer. prefetch: how many scope
-    regions early each reload starts. backend: "inductor" or "aot_eager".
+    regions early each reload starts. offload_tuple_outputs, dense_storages: the
+    planner's opt-in relaxations (include/spillway/plan.h): values whose last
+    forward use returns a tuple (SDPA), and non-contiguous dense values (rotary
+    Q/K) become offloadable. backend: "inductor" or "aot_eager".
     Other keyword arguments go to torch.compile (fullgraph, mode, options —
     the last two for inductor only).
 
@@ -301,7 +305,9 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     """
     global _latest
     plan_options = {"scope": scope, "host_budget_bytes": host_budget_bytes,
-                    "min_bytes": min_bytes, "prefetch_regions": prefetch}
+                    "min_bytes": min_bytes, "prefetch_regions": prefetch,
+                    "offload_tuple_outputs": bool(offload_tuple_outputs),
+                    "dense_storages": bool(dense_storages)}
     _check_options(plan_options)
     module_names = None
     if isinstance(model_or_fn, torch.nn.Module):
