@@ -17,6 +17,7 @@ BENCHMARKS.md). Methods:
   none                   eager, nothing
   ckpt-full              eager, every decoder layer under torch.utils.checkpoint
                          (non-reentrant), HF's gradient_checkpointing_enable
+  ckpt:layers=0-3        eager, only the named decoder layers checkpointed
   save-on-cpu            eager, torch.autograd.graph.save_on_cpu(pin_memory=True)
   spillway-eager         eager, spillway.eager.offload_activations; options
                          after a colon: spillway-eager:scope=*,layers=0-2,lag=8,prefetch=4
@@ -109,6 +110,15 @@ def _step_fn(name: str, options: dict, model, device: str):
 
     if name in ("ckpt-full", "compiled-ckpt-full"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if name == "ckpt":  # checkpoint only the decoder layers options["layers"] names
+        from torch.utils.checkpoint import checkpoint
+        chosen = options.get("layers", [])
+        chosen = [chosen] if isinstance(chosen, int) else chosen
+        for i in chosen:
+            layer = model.model.layers[i]
+            layer.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(
+                layer.forward)
+        return plain, dict
     if name in ("none", "ckpt-full"):
         return plain, dict
     if name == "save-on-cpu":
