@@ -209,8 +209,9 @@ PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptio
 
 // Apply edits to a graph (insertions at anchors, then redirects), returning the
 // rewritten graph. The schemas of inserted spillway.* nodes are recorded in
-// Graph::ops, and that of aten.permute.default when the graph lacks one. Throws InvalidArgument when an edit names a node the graph
-// lacks or reuses an existing id. The input is never modified.
+// Graph::ops, and that of aten.permute.default when the graph lacks one.
+// Throws InvalidArgument when an edit names a node the graph lacks or reuses
+// an existing id. The input is never modified.
 Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits);
 
 // Check the offload invariants of a rewritten graph, on top of verify_graph:
