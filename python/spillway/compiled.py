@@ -26,6 +26,20 @@ Where the pass hooks in (Note [Joint hook]):
 Both bypass Inductor's FX graph cache and AOTAutograd's cache (the pass has no
 cache key), so each compile re-plans and last_plans() sees every graph.
 
+Note [Keepalive under Inductor]: the offload's D2H is asynchronous, and
+Inductor frees or reuses a buffer right after its last reader in the graph.
+The forward wait takes the offloaded value as `keepalive`, so the value's
+buffer stays live (and unreused) until the wait. Inductor output code
+(TORCH_LOGS=output_code) for the tiny Llama shows exactly that: each offload
+source appears again as the wait's keepalive and is deleted or reused only
+after it; the backward keeps the saved host tensor until the reload's wait.
+Known gap, with dense_storages: for a value Inductor computes in a pointwise
+kernel (rotary Q), it lays the permute the planner offloads out in a buffer of
+its own, written for the offload alone; the keepalive names the producer, so
+nothing in the graph keeps that buffer from being reused before the wait (in
+the code inspected it was reused only after the wait, by luck). compile() warns
+when dense_storages is combined with backend="inductor".
+
 Dynamic shapes: the exporter and the edits read size hints only, with guard
 recording suppressed; unbacked sizes are never offloaded (the planner's
 unknown_size rule). The pass adds no guard.
@@ -41,6 +55,7 @@ import collections
 import dataclasses
 import json
 import threading
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -309,6 +324,12 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
                     "offload_tuple_outputs": bool(offload_tuple_outputs),
                     "dense_storages": bool(dense_storages)}
     _check_options(plan_options)
+    if dense_storages and backend == "inductor":
+        warnings.warn(
+            "[compiled] dense_storages under Inductor: a permuted value may be copied into a "
+            "buffer that Inductor can reuse before the offload's wait (Note [Keepalive under "
+            "Inductor] in spillway/compiled.py); prefer backend='aot_eager' for it",
+            stacklevel=2)
     module_names = None
     if isinstance(model_or_fn, torch.nn.Module):
         module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}
