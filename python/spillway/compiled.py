@@ -33,12 +33,14 @@ buffer stays live (and unreused) until the wait. Inductor output code
 (TORCH_LOGS=output_code) for the tiny Llama shows exactly that: each offload
 source appears again as the wait's keepalive and is deleted or reused only
 after it; the backward keeps the saved host tensor until the reload's wait.
-Known gap, with dense_storages: for a value Inductor computes in a pointwise
-kernel (rotary Q), it lays the permute the planner offloads out in a buffer of
-its own, written for the offload alone; the keepalive names the producer, so
-nothing in the graph keeps that buffer from being reused before the wait (in
-the code inspected it was reused only after the wait, by luck). compile() warns
-when dense_storages is combined with backend="inductor".
+A view is the exception: to meet an op's stride contract Inductor may lay
+it out in a buffer written for the offload alone (dense_storages: the permute
+of rotary Q, computed in a pointwise kernel), which the keepalive, naming the
+FX value, would not cover; with that buffer reused before the wait, the tiny
+Llama's gradients were off by ~3e-3 under injected copy delays. So under
+Inductor the offload and wait are lowered by spillway._compiled_inductor: the
+offload reads a buffer realised contiguous, and its wait keeps that very
+buffer alive.
 
 Dynamic shapes: the exporter and the edits read size hints only, with guard
 recording suppressed; unbacked sizes are never offloaded (the planner's
@@ -55,7 +57,6 @@ import collections
 import dataclasses
 import json
 import threading
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -257,6 +258,9 @@ def _inductor_backend(session: _Session, mode: str | None, options: dict | None,
     for key in ("joint_custom_post_pass", "post_grad_custom_post_pass"):
         if options.get(key) is not None:
             raise ValueError(f"[compiled] options['{key}'] is taken by spillway.compiled")
+    from spillway import _compiled_inductor
+
+    _compiled_inductor.install()
     options["joint_custom_post_pass"] = _custom_graph_pass(session.joint_pass)
     options["post_grad_custom_post_pass"] = observe
     return _InductorWithPlan(mode, options, dynamic)
@@ -324,12 +328,6 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
                     "offload_tuple_outputs": bool(offload_tuple_outputs),
                     "dense_storages": bool(dense_storages)}
     _check_options(plan_options)
-    if dense_storages and backend == "inductor":
-        warnings.warn(
-            "[compiled] dense_storages under Inductor: a permuted value may be copied into a "
-            "buffer that Inductor can reuse before the offload's wait (Note [Keepalive under "
-            "Inductor] in spillway/compiled.py); prefer backend='aot_eager' for it",
-            stacklevel=2)
     module_names = None
     if isinstance(model_or_fn, torch.nn.Module):
         module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}

@@ -124,10 +124,11 @@ EXACT_CASES = [
                  id="aot_eager-self_attn-dense"),
     pytest.param("inductor", "mlp", {}, 8, id="inductor-mlp"),
 ]
-# Not bit-exact, so not among EXACT_CASES: Inductor with dense_storages. The
-# permute the planner offloads changes how Inductor splits the rotary-embedding
-# kernel, and its vectorised and scalar sin/cos round differently in the last
-# bit (the same from run to run: a codegen difference, not a race).
+# Not bit-exact, so not among EXACT_CASES (checked for closeness in the dynamic
+# test): Inductor with dense_storages. The permute the planner offloads changes
+# how Inductor splits the rotary-embedding kernel, and its vectorised and scalar
+# sin/cos round differently in the last bit (the same from run to run: a
+# codegen difference, not a race).
 RELAXED = {"offload_tuple_outputs": True, "dense_storages": True}
 
 
@@ -161,29 +162,36 @@ def test_offload_is_bit_exact_and_edits_reach_both_graphs(backend, scope, relaxa
         _assert_bit_equal(got, _train(eager, eager, steps))
 
 
-@pytest.mark.parametrize("backend, scope, relaxations, planned_bytes", [
-    # Eight [2, 32, 128] float32 MLP activations.
-    pytest.param("aot_eager", "mlp", {}, 8 * 2 * 32 * 128 * 4, id="aot_eager-mlp"),
-    # Per layer: Q and the SDPA output [2, 4, 32, 16], logsumexp [2, 4, 32], float32.
-    pytest.param("aot_eager", "self_attn", RELAXED, 2 * (2 * 2 * 4 * 32 * 16 + 2 * 4 * 32) * 4,
-                 id="aot_eager-self_attn-dense"),
-])
-def test_dynamic_shapes_compile_once_and_stay_exact(backend, scope, relaxations, planned_bytes):
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dynamic_shapes_compile_once_and_stay_exact(backend):
     base = _tiny_llama()
     steps = [_ids(32, seed=0), _ids(24, seed=1), _ids(32, seed=2)]
     model = copy.deepcopy(base)
-    run = compiled.compile(model, backend=backend, scope=scope, min_bytes=0, dynamic=True,
-                           **relaxations)
+    run = compiled.compile(model, backend=backend, scope="self_attn", min_bytes=0, dynamic=True,
+                           **RELAXED)
+    _C.set_fake_copy_delay(0, 2000, seed=11)
     got = _train(model, run, steps)
+    _C.set_fake_copy_delay(0, 0)
 
     plans = compiled.last_plans()
     assert len(plans) == 1, "the second sequence length recompiled"
     _assert_edits_in_graphs(plans[0])
-    # Sizes were planned from the hint of the symbolic sequence length (32).
-    assert plans[0].bytes_offloaded == planned_bytes
+    # Sizes were planned from the hint of the symbolic sequence length (32): per
+    # layer, rotary Q and the SDPA output [2, 4, 32, 16], logsumexp [2, 4, 32].
+    assert plans[0].bytes_offloaded == 2 * (2 * 2 * 4 * 32 * 16 + 2 * 4 * 32) * 4
 
     eager = copy.deepcopy(base)
-    _assert_bit_equal(got, _train(eager, eager, steps))
+    want = _train(eager, eager, steps)
+    if backend == "aot_eager":
+        _assert_bit_equal(got, want)
+        return
+    # Inductor rounds differently from eager (and, with dense_storages, from
+    # itself without offload: see RELAXED). A host copy taken from a buffer
+    # Inductor reused before the wait shows as errors around 1e-3 here.
+    for (loss, grads), (want_loss, want_grads) in zip(got, want):
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+        for name in grads:
+            torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-6)
 
 
 def test_nothing_chosen_leaves_graphs_unchanged():
