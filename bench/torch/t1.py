@@ -148,9 +148,14 @@ def _step_fn(name: str, options: dict, model, device: str):
     if name == "spillway-compiled":
         from spillway import compiled as sc
         fn = sc.compile(model, **options)
-        return (lambda ids: fn(input_ids=ids, labels=ids).loss), \
-            (lambda: {"plans": [p if isinstance(p, dict) else str(p) for p in sc.last_plans()]}
-             if hasattr(sc, "last_plans") else {})
+        def plan_stats():
+            plans = sc.last_plans()
+            return {"graphs": len(plans),
+                    "bytes_offloaded": sum(p.bytes_offloaded for p in plans),
+                    "chosen": [name for p in plans for name in p.chosen][:64],
+                    "forward_ops": [dict(p.forward_ops) for p in plans],
+                    "backward_ops": [dict(p.backward_ops) for p in plans]}
+        return (lambda ids: fn(input_ids=ids, labels=ids).loss), plan_stats
     raise SystemExit(f"[t1] unknown method '{name}'")
 
 
