@@ -10,6 +10,9 @@ batch 2, sequence 32).
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 
@@ -50,3 +53,19 @@ def tiny_gpt2(seed: int, device="cpu", dtype=torch.float32, *, layers: int = 2,
         model = transformers.GPT2LMHeadModel(config)
     model.to(device=device, dtype=dtype).train()
     return model, _input_ids(seed, vocab, batch, seq, device)
+
+
+@contextlib.contextmanager
+def deterministic_cuda():
+    """Math SDPA and deterministic kernels, so two plain runs agree bit for bit."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])

@@ -10,7 +10,6 @@ tensors, so this runs in CI; the CUDA variants run where there is a GPU.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 
@@ -27,7 +26,7 @@ else:
 from spillway import _C  # noqa: E402
 from spillway.eager import offload_activations  # noqa: E402
 
-from _models import tiny_gpt2, tiny_llama  # noqa: E402
+from _models import deterministic_cuda, tiny_gpt2, tiny_llama  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not (torch.cuda.is_available() and ops.cuda_built()),
@@ -191,27 +190,11 @@ def test_layer_positions_out_of_range_are_refused():
 # ---- CUDA -------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _deterministic_cuda():
-    """Math SDPA and deterministic kernels, so two plain runs agree bit for bit."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    was = (torch.are_deterministic_algorithms_enabled(),
-           torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with sdpa_kernel(SDPBackend.MATH):
-            yield
-    finally:
-        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
-
-
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("factory, scope", MODELS)
 def test_cuda_loss_and_every_gradient_bit_equal(factory, scope, dtype):
-    with _deterministic_cuda():
+    with deterministic_cuda():
         model, ids = factory(0, device="cuda", dtype=dtype)
         for _ in range(3):
             ref_loss, ref_grads = _reference_step(model, ids)
