@@ -164,14 +164,17 @@ def test_inplace_write_after_saving_raises_autograds_error(device, min_bytes, no
         assert ctx.stats()["bytes_offloaded"] > 0
 
 
-def test_inplace_write_before_saving_is_fine(no_leaks):
-    model, x = Toy(), _input()
+def _assert_offloaded_step_matches_reference(model, x):
     want = _reference(model, x)
     model.zero_grad(set_to_none=True)
     with _ctx(model):
         loss = model(x)
     loss.backward()
     _assert_same_grads(_grads(model), want)
+
+
+def test_inplace_write_before_saving_is_fine(no_leaks):
+    _assert_offloaded_step_matches_reference(Toy(), _input())
 
 
 # ---- checkpointing ----------------------------------------------------------
@@ -291,12 +294,7 @@ def test_exception_inside_the_forward_leaves_no_hook_or_wait(no_leaks):
     gc.collect()
     assert ops.pending_waits() == 0
     # The model works again, and a new context can be entered.
-    want = _reference(model, x)
-    model.zero_grad(set_to_none=True)
-    with _ctx(model):
-        loss = model(x)
-    loss.backward()
-    _assert_same_grads(_grads(model), want)
+    _assert_offloaded_step_matches_reference(model, x)
 
 
 def test_retain_graph_backward_twice_reloads_again(device, no_leaks, copy_delay):
