@@ -261,6 +261,10 @@ def _inductor_backend(session: _Session, mode: str | None, options: dict | None,
     from spillway import _compiled_inductor
 
     _compiled_inductor.install()
+    if not _compiled_inductor.pins_supported():
+        # Without ordering pins the peak-memory reordering hoists every reload to
+        # the start of the backward (Note [Reload order under Inductor]).
+        options.setdefault("reorder_for_peak_memory", False)
     options["joint_custom_post_pass"] = _custom_graph_pass(session.joint_pass)
     options["post_grad_custom_post_pass"] = observe
     return _InductorWithPlan(mode, options, dynamic)

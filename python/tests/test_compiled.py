@@ -23,7 +23,10 @@ offloaded through a contiguous permute) are on.
 from __future__ import annotations
 
 import copy
+import linecache
 import os
+import re
+import sys
 
 import pytest
 import torch
@@ -253,6 +256,76 @@ def test_plan_binding_reports_rules_and_complete_edits():
     broken = dict(graph, nodes=graph["nodes"][1:])  # drops a node others read
     with pytest.raises(ValueError, match=r"^\[graph\] node"):
         _C.plan_activation_offload(json.dumps(broken))
+
+
+class _ReloadedValuesMeter:
+    """Counts the reloaded values alive in Inductor's generated backward, line by line.
+
+    Traces the frames of the generated modules' call(): a local named by a
+    line `bufN = torch.ops.spillway.reload.default(...)` (or an alias or
+    backward wait of one) holds a reloaded value; distinct storages among them
+    are the reloaded values alive before that line runs.
+    """
+
+    _RELOAD = re.compile(r"\s*(buf\d+) = torch\.ops\.spillway\.reload\.default\(")
+    _ALIAS = re.compile(r"\s*(buf\d+) = (?:torch\.ops\.spillway\.wait_tensor\.default\()?"
+                        r"(buf\d+)\b")
+
+    def __init__(self):
+        self.most_alive = 0
+
+    def _reload_names(self, filename):
+        names = set()
+        lines = linecache.getlines(filename)
+        for line in lines:
+            if m := self._RELOAD.match(line):
+                names.add(m.group(1))
+        for line in lines:  # aliases come after what they alias
+            if (m := self._ALIAS.match(line)) and m.group(2) in names:
+                names.add(m.group(1))
+        return names
+
+    def __call__(self, frame, event, _arg):
+        code = frame.f_code
+        if event != "call" or code.co_name != "call" or "torchinductor" not in code.co_filename:
+            return None
+        names = self._reload_names(code.co_filename)
+        if not names:
+            return None
+
+        def on_line(frame, event, _arg):
+            alive = {v.untyped_storage().data_ptr() for k, v in frame.f_locals.items()
+                     if k in names and isinstance(v, torch.Tensor)}
+            self.most_alive = max(self.most_alive, len(alive))
+            return on_line
+
+        return on_line
+
+
+def test_inductor_keeps_reloads_where_the_plan_put_them():
+    # Inductor's peak-memory reordering once hoisted every reload to the start of
+    # the backward (to its estimate a reload was free: it counted the host tensor
+    # the reload frees as memory too), so every offloaded value was back on the
+    # device at once. With prefetch 1, a layer's MLP values reload while the next
+    # layer's MLP backward runs: at most two layers' values are alive at a time.
+    model = _tiny_llama(layers=3)
+    run = compiled.compile(model, scope="mlp", min_bytes=0, prefetch=1)
+    ids = _ids(32)
+    run(ids, labels=ids).loss.backward()  # compiles
+    _C.synchronize()
+    (plan,) = compiled.last_plans()
+    per_layer = 4  # gate_proj, SiLU, up_proj, their product
+    assert len(plan.chosen) == 3 * per_layer, plan.chosen
+
+    meter = _ReloadedValuesMeter()
+    model.zero_grad(set_to_none=True)
+    sys.settrace(meter)
+    try:
+        run(ids, labels=ids).loss.backward()
+    finally:
+        sys.settrace(None)
+    _C.synchronize()
+    assert 0 < meter.most_alive <= 2 * per_layer, meter.most_alive
 
 
 # ---- CUDA (the lead runs these on the H200 via scripts/device-check) -------------------
