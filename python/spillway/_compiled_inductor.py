@@ -127,8 +127,11 @@ def _register() -> None:
             op_name = getattr(op, "operation_name", None)
             if op_name is None:
                 continue
+            known = deps[op_name]  # an OrderedSet (a list in some versions)
+            add = known.add if hasattr(known, "add") else known.append
             for name in names:
-                deps[op_name].add(name)
+                if name not in known:
+                    add(name)
 
     @register_lowering(reload_op, type_promotion_kind=None)
     def lower_reload(host, device):
