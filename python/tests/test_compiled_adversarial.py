@@ -423,14 +423,6 @@ def test_custom_function_backward_returns_a_view_of_its_saved_tensor(delay=8):
     assert (rules["relu"], rules["relu_1"]) == ("chosen", "chosen"), rules
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the Function's saved tensor (relu, relu_1) is refused with rule "
-    "backward_before_forward_use: the aten.slice nodes SyntheticGrad.backward records "
-    "(saved[:, :D]) carry neither meta['partitioner_tag'] nor meta['autograd_backward'] in "
-    "torch 2.13's joint graph, so fx_export.phases_of calls them forward; relu's 'last "
-    "forward use' is then that slice, which comes after relu's first backward reader (the "
-    "down projection's weight-gradient mm). A missed offload, not a wrong result: the loss "
-    "and gradients stay exact"))
 def test_custom_function_saved_tensor_read_by_a_matmul_is_offloaded():
     model = Toy(FunctionDownMlp)
     run = compiled.compile(model, backend="aot_eager", scope="mlp", min_bytes=0)

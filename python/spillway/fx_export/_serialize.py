@@ -199,8 +199,10 @@ def phases_of(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     call_function nodes with meta["autograd_backward"]. Either tag means
     backward. No positional rule ("everything after the first backward node")
     is used: in a 2.13 joint graph the tangent placeholders are tagged
-    backward yet come before every forward op, while every op the backward
-    trace records (gradient accumulation adds included) carries the tag. A graph without any tag (an older torch) falls back to the
+    backward yet come before every forward op. Nearly every op the backward
+    trace records carries the tag; an untagged op after the first tagged
+    backward op (a slice a custom autograd.Function's backward returns) is
+    backward too, since the joint trace records every forward op first. A graph without any tag (an older torch) falls back to the
     partitioner's classic rule: a node is backward when it is a tangent or
     depends on one. The output node of a joint graph returns the gradients and
     runs last, so it is backward whenever the graph has a backward part.
@@ -210,14 +212,20 @@ def phases_of(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
         "partitioner_tag" in n.meta or n.meta.get("autograd_backward") for n in nodes
     )
     phase: dict[torch.fx.Node, str] = {}
+    backward_ops_started = False
     for node in nodes:
         if node.op == "output":
             continue
         if tagged:
-            backward = (
-                node.meta.get("partitioner_tag") in _BACKWARD_TAGS
-                or bool(node.meta.get("autograd_backward"))
-            )
+            # Tagged, or an untagged op after the first tagged backward op:
+            # torch 2.13 leaves some ops of a custom autograd.Function's
+            # backward untagged (the slice of a saved tensor it returns), and
+            # the joint trace records every forward op before any backward op.
+            tag = (node.meta.get("partitioner_tag") in _BACKWARD_TAGS
+                   or bool(node.meta.get("autograd_backward")))
+            if tag and node.op == "call_function":
+                backward_ops_started = True
+            backward = tag or (backward_ops_started and node.op == "call_function")
         elif node.op == "placeholder":
             backward = "tangents" in node.name
         else:
