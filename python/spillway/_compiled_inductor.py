@@ -94,15 +94,19 @@ def _register() -> None:
     reload_fallback = fallback_handler(reload_op, add_to_fallback_set=False)
     wait_fallback = fallback_handler(wait_op, add_to_fallback_set=False)
 
+    def graph_table(attribute: str) -> dict:
+        # A table that lives on the graph being lowered.
+        graph = V.graph
+        table = getattr(graph, attribute, None)
+        if table is None:
+            table = {}
+            setattr(graph, attribute, table)
+        return table
+
     def read_by_offload() -> dict[int, tuple[Any, Any]]:
         # id(offload result) -> (offload result, the buffer it reads), for the
         # graph being lowered; holding both keeps the ids unique.
-        graph = V.graph
-        table = getattr(graph, "_spillway_offload_sources", None)
-        if table is None:
-            table = {}
-            graph._spillway_offload_sources = table
-        return table
+        return graph_table("_spillway_offload_sources")
 
     @register_lowering(offload_op, type_promotion_kind=None)
     def lower_offload(t):
@@ -114,12 +118,7 @@ def _register() -> None:
     def pending_reloads() -> dict[int, tuple[Any, list[str], int]]:
         # id(reload result) -> (reload result, its buffer names, how many
         # operations the graph had right after the reload was lowered).
-        graph = V.graph
-        table = getattr(graph, "_spillway_reloads", None)
-        if table is None:
-            table = {}
-            graph._spillway_reloads = table
-        return table
+        return graph_table("_spillway_reloads")
 
     def order_after(ops: list[Any], names: list[str]) -> None:
         deps = V.graph.additional_buffer_deps

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import pytest
 import torch
 
 
@@ -69,3 +70,32 @@ def deterministic_cuda():
             yield
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
+class SyntheticGrad(torch.autograd.Function):
+    """Identity forward; backward hands back a view of its saved tensor."""
+
+    @staticmethod
+    def forward(ctx, x, saved):
+        ctx.save_for_backward(saved)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (saved,) = ctx.saved_tensors
+        return saved[:, : grad.shape[1]], None
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches reset around a test, and the fake backend's copy delays off after it.
+
+    Import it into a test module and apply it with
+    `pytestmark = pytest.mark.usefixtures("fresh_dynamo")`.
+    """
+    from spillway import _C
+
+    torch._dynamo.reset()
+    yield
+    _C.set_fake_copy_delay(0, 0)
+    torch._dynamo.reset()

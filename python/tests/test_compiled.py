@@ -40,7 +40,9 @@ else:
 transformers = pytest.importorskip("transformers")
 
 from spillway import _C  # noqa: E402
-from _models import deterministic_cuda  # noqa: E402
+from _models import deterministic_cuda, fresh_dynamo  # noqa: E402,F401
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 STEPS = 3
 
@@ -108,14 +110,6 @@ def _assert_edits_in_graphs(plan):
     for name in plan.chosen:
         assert f"spillway_wait_offload_{name}" in plan.forward_outputs
         assert name not in plan.forward_outputs
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    _C.set_fake_copy_delay(0, 0)
-    torch._dynamo.reset()
 
 
 # (backend, scope, planner relaxations, how many activations the plan moves)

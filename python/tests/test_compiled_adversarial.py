@@ -42,6 +42,9 @@ else:
         "cmake --build --preset python)", exc_type=ImportError)
 
 from spillway import _C  # noqa: E402
+from _models import SyntheticGrad, fresh_dynamo  # noqa: E402,F401
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 D = 32  # toy width: an (8, 64) float32 activation is 2 KiB
 ROWS = 8
@@ -71,20 +74,6 @@ class ViewsMlp(Mlp):
         gram = h @ h.t()  # saves h and h.t()
         paired = torch.bmm(h.view(-1, 2, D), h.view(-1, D, 2))  # saves two views of h
         return self.down(h) + gram.mean(-1, keepdim=True) * paired.sum((1, 2)).unsqueeze(-1)
-
-
-class SyntheticGrad(torch.autograd.Function):
-    """Identity forward; backward hands back a view of its saved tensor."""
-
-    @staticmethod
-    def forward(ctx, x, saved):
-        ctx.save_for_backward(saved)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (saved,) = ctx.saved_tensors
-        return saved[:, : grad.shape[1]], None
 
 
 class FunctionMlp(Mlp):
@@ -258,14 +247,6 @@ def _compare(base, body, *, backend="aot_eager", delay=None, graphs=1, **options
     want = body(reference, torch.compile(reference, backend=backend, dynamic=dynamic))
     _assert_bit_equal(got, want)
     return plans
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    _C.set_fake_copy_delay(0, 0)
-    torch._dynamo.reset()
 
 
 # ---- 1, 2: retain_graph and accumulation -----------------------------------------------

@@ -30,7 +30,7 @@ else:
 from spillway import _C  # noqa: E402
 from spillway.eager import offload_activations  # noqa: E402
 
-from _models import tiny_llama  # noqa: E402
+from _models import SyntheticGrad, tiny_llama  # noqa: E402
 
 D = 32  # toy width: a (8, 32) float32 activation is 1 KiB
 
@@ -415,20 +415,6 @@ def test_views_and_aliases_share_one_host_copy(no_leaks):
     y_bytes = 8 * 2 * D * 4
     assert stats["deduplicated"] >= 2
     assert stats["bytes_offloaded"] >= y_bytes
-
-
-class SyntheticGrad(torch.autograd.Function):
-    """Identity forward; backward hands back a view of its saved tensor."""
-
-    @staticmethod
-    def forward(ctx, x, saved):
-        ctx.save_for_backward(saved)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (saved,) = ctx.saved_tensors
-        return saved[:, : grad.shape[1]], None
 
 
 class ViewGradBlock(nn.Module):
