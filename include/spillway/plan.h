@@ -182,7 +182,8 @@ struct Edit {
   NodeId reader = -1;
   NodeId from = -1;
   NodeId to = -1;
-  // The offloaded producer this edit serves.
+  // The offloaded producer this edit serves; for kReplayOp, the forward node
+  // it copies.
   NodeId source = -1;
 };
 

@@ -14,11 +14,13 @@ boundary:
     (replay_pointwise) are tagged "must_be_in_backward": they run in backward,
     reading the saved host tensor or what was rebuilt from it.
 
-A replay ("spillway_replay_<name>") copies the FX node <name>: its target, its
-literal args and kwargs (SymInts included), and the meta that points at the
-model code; its node inputs are the planner's (reloads, replays). It carries
-no "recompute" tag of its own: it is a backward node, not a forward one the
-partitioner may choose to recompute.
+A replay copies a forward FX node: a replayed view ("spillway_replay_<name>")
+the node <name>, a replayed pointwise op (edit kind "replay_op") the node its
+edit names as source. The copy takes the node's target,
+its literal args and kwargs (SymInts included), and the meta that points at
+the model code; its node inputs are the planner's (reloads, other copies). It
+carries no "recompute" tag of its own: it is a backward node, not a forward
+one the partitioner may choose to recompute.
 
 Nothing here specialises a symbolic size: fake values are computed from the
 producers' fake values with guard recording suppressed (the ops and views only
@@ -141,8 +143,9 @@ class EditReplayer:
             return [self._decode_literal(e, index) for e in encoded]
         return encoded
 
-    def _call(self, node: dict, index: int) -> tuple[Any, tuple, dict, torch.fx.Node | None]:
-        """The target, args and kwargs of a new node, and the FX node it copies (views)."""
+    def _call(self, edit: dict, index: int) -> tuple[Any, tuple, dict, torch.fx.Node | None]:
+        """The target, args and kwargs of a new node, and the FX node it copies (replays)."""
+        node = edit["node"]
         target_name = node["target"]
         if target_name in _SPILLWAY_TARGETS:
             target = _SPILLWAY_TARGETS[target_name]()
@@ -158,11 +161,15 @@ class EditReplayer:
             args = tuple(self._decode_literal(a, index) for a in node["args"])
             kwargs = {k: self._decode_literal(v, index) for k, v in node["kwargs"].items()}
             return target, args, kwargs, None
-        # A replayed view or pointwise op: the planner copied a forward node and
-        # remapped its node inputs; its literals (SymInts included) are taken from
-        # that node.
-        view_name = node["name"].removeprefix(_REPLAY_PREFIX)
-        view = self.by_name.get(view_name)
+        # A replayed view or pointwise op: the planner copied a forward node (a
+        # pointwise copy names it as its source) and remapped its node inputs; its
+        # literals (SymInts included) are taken from that node.
+        if edit["kind"] == "replay_op":
+            view = self.node(edit["source"], index)
+            view_name = view.name
+        else:
+            view_name = node["name"].removeprefix(_REPLAY_PREFIX)
+            view = self.by_name.get(view_name)
         if view is None or view.op != "call_function":
             raise EditError(f"[compiled] edit {index} replays '{view_name}', which the FX "
                             "graph does not have")
@@ -176,7 +183,7 @@ class EditReplayer:
 
     def _insert(self, edit: dict, index: int) -> torch.fx.Node:
         node = edit["node"]
-        target, args, kwargs, copied = self._call(node, index)
+        target, args, kwargs, copied = self._call(edit, index)
         anchor_id = edit["anchor"]
         anchor = self.node(anchor_id, index)
         if edit["placement"] == "after":

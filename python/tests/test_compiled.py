@@ -281,7 +281,9 @@ def test_plan_binding_reports_rules_and_complete_edits():
         edit = replays[f"spillway_replay_{r['name']}"]
         assert edit["node"]["phase"] == "backward"
         assert edit["node"]["target"] == by_id[r["producer"]]["target"]
+        # SiLU's copy sits before the product's, which reads it.
         assert edit["placement"] == "before" and edit["anchor"] == r["needed_before"]
+        assert edit["source"] == r["producer"]
         # Every backward reader of the value reads the replay instead.
         readers = {n["id"] for n in graph["nodes"] if n["phase"] == "backward"
                    and {"node": r["producer"]} in n["args"]}
