@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 #include "spillway/error.h"
@@ -22,6 +24,14 @@
 
 namespace spillway::testing {
 namespace {
+
+bool analysis_holds_tensor(const Value& value) {
+  if (value.is_tensor()) return true;
+  for (const Value& element : value.elements) {
+    if (analysis_holds_tensor(element)) return true;
+  }
+  return false;
+}
 
 std::uint64_t env_or(const char* name, std::uint64_t fallback) {
   const char* text = std::getenv(name);
@@ -320,6 +330,107 @@ TEST(PlannerProperties, HoldWithTupleOutputsAndDenseStorages) {
     EXPECT_LT(tuple_refusals == sweep.rule_counts.end() ? 0 : tuple_refusals->second,
               seed_policy.rule_counts.at(Rule::kTupleLastUse));
   }
+}
+
+// replay_pointwise over the same graphs with every plain op tagged pointwise
+// (and some random): checked against the plan of the same graph without it,
+// and by what a replay may read, independently of the planner's own rules.
+std::vector<std::string> check_replays(const Graph& graph, const ActivationPlanOptions& options,
+                                       const PlanResult& with, const PlanResult& without) {
+  std::vector<std::string> problems;
+  auto fail = [&](const std::string& what) { problems.push_back(what); };
+  try {
+    verify_offload_graph(graph, with.graph);
+  } catch (const std::exception& e) {
+    fail(std::string("verify_offload_graph: ") + e.what());
+  }
+  if (apply_edits(graph, with.plan.edits) != with.graph) fail("edits do not give the graph");
+  std::map<NodeId, Rule> before;
+  for (const ValueDecision& d : without.plan.decisions) before[d.node] = d.rule;
+  std::set<NodeId> moved_before;
+  for (const Offload& o : without.plan.offloads) moved_before.insert(o.producer);
+  for (const Offload& o : with.plan.offloads) {
+    if (!moved_before.count(o.producer)) fail("node " + std::to_string(o.producer) + " moves only with replays");
+  }
+  std::map<NodeId, const Node*> original;
+  for (const Node& node : graph.nodes) original[node.id] = &node;
+  std::set<std::int64_t> replayed_storages;
+  std::int64_t bytes = 0;
+  for (const Replay& replay : with.plan.replays) {
+    const Rule rule = before.at(replay.producer);
+    if (rule != Rule::kChosen && rule != Rule::kOverBudget) {
+      fail("replayed node " + std::to_string(replay.producer) + " was no candidate (" +
+           std::string(to_string(rule)) + ")");
+    }
+    replayed_storages.insert(*original.at(replay.producer)->value.tensor.storage);
+    bytes += replay.bytes;
+  }
+  if (bytes != with.plan.bytes_replayed) fail("bytes_replayed does not add up");
+  for (const Node& node : with.graph.nodes) {
+    const bool inserted = !original.count(node.id);
+    if (!inserted && node.phase == Phase::kBackward) {
+      node.for_each_input([&](NodeId input) {
+        if (!original.count(input)) return;  // an inserted node
+        const Node& read = *original.at(input);
+        if (read.phase == Phase::kForward && read.value.is_tensor() && read.value.tensor.storage &&
+            replayed_storages.count(*read.value.tensor.storage)) {
+          fail("backward " + node.name + " reads replayed storage of " + read.name);
+        }
+      });
+    }
+    if (!inserted) continue;
+    const auto copied = std::find_if(with.plan.edits.begin(), with.plan.edits.end(),
+                                     [&](const Edit& e) { return e.node.id == node.id; });
+    if (copied == with.plan.edits.end() || copied->kind != EditKind::kReplayOp) continue;
+    const Node& source = *original.at(copied->source);
+    if (node.phase != Phase::kBackward || node.target != source.target) {
+      fail(node.name + " is not a backward copy of " + source.name);
+    }
+    const OpSchema& schema = graph.ops.at(source.target);
+    if (!schema.is_pointwise || schema.is_random) fail(node.name + " copies a non-replayable op");
+    node.for_each_input([&](NodeId input) {
+      if (original.count(input) && analysis_holds_tensor(original.at(input)->value)) {
+        fail(node.name + " reads the forward tensor " + original.at(input)->name);
+      }
+    });
+  }
+  return problems;
+}
+
+TEST(PlannerProperties, HoldWithPointwiseReplays) {
+  const std::uint64_t count = env_or("SPILLWAY_PROPERTY_GRAPHS", kDefaultGraphs / 4);
+  const std::uint64_t first_seed = env_or("SPILLWAY_PROPERTY_SEED", kDefaultSeed);
+  std::int64_t replays = 0;
+  std::int64_t failing = 0;
+  for (std::uint64_t seed = first_seed; seed < first_seed + count; ++seed) {
+    Graph graph = make_random_joint_graph(seed);
+    std::uint64_t k = seed;
+    for (auto& [target, schema] : graph.ops) {
+      if (schema.is_view || schema.is_mutable) continue;
+      schema.is_pointwise = true;
+      schema.is_random = (k++ % 7) == 0;
+    }
+    ActivationPlanOptions options = make_random_plan_options(seed);
+    options.dense_storages = seed % 3 == 0;
+    options.offload_tuple_outputs = seed % 3 == 1;
+    std::vector<std::string> problems;
+    try {
+      const PlanResult without = plan_activation_offload(graph, options);
+      options.replay_pointwise = true;
+      const PlanResult with = plan_activation_offload(graph, options);
+      problems = check_replays(graph, options, with, without);
+      replays += static_cast<std::int64_t>(with.plan.replays.size());
+    } catch (const std::exception& e) {
+      problems.push_back(std::string("plan_activation_offload threw: ") + e.what());
+    }
+    if (!problems.empty() && ++failing <= kReportedFailures) {
+      report_failure(seed, graph, options, problems);
+    }
+  }
+  EXPECT_EQ(failing, 0);
+  if (count >= 500) EXPECT_GT(replays, 0) << "no random graph replayed a value";
+  std::printf("%lld replays in %llu graphs\n", static_cast<long long>(replays),
+              static_cast<unsigned long long>(count));
 }
 
 }  // namespace
