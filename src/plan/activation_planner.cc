@@ -91,6 +91,12 @@ void validate(const ActivationPlanOptions& options) {
   if (options.prefetch_regions < 0) {
     reject("prefetch_regions", std::to_string(options.prefetch_regions), "it must be >= 0");
   }
+  using PrefetchAnchor = ActivationPlanOptions::PrefetchAnchor;
+  if (options.prefetch_anchor != PrefetchAnchor::kRegionStart &&
+      options.prefetch_anchor != PrefetchAnchor::kRegionEnd) {
+    reject("prefetch_anchor", std::to_string(static_cast<int>(options.prefetch_anchor)),
+           "expected region start or region end");
+  }
   if (options.mode == ActivationMode::kScope && options.scope.empty()) {
     reject("scope", "''", "it must name a module (e.g. self_attn)");
   }
@@ -191,7 +197,8 @@ PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptio
     chosen.push_back({candidate.node, candidate.bytes, &facts.at(candidate.node)});
   }
   plan::OffloadRewrite rewrite =
-      plan::build_offload_rewrite(index, scope, chosen, options.prefetch_regions);
+      plan::build_offload_rewrite(index, scope, chosen, options.prefetch_regions,
+                                  options.prefetch_anchor);
   plan.offloads = std::move(rewrite.offloads);
   plan.edits = std::move(rewrite.edits);
   plan.reloads_prefetched = rewrite.reloads_prefetched;

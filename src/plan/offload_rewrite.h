@@ -25,7 +25,10 @@
 //     inverse) before the first backward reader, after the backward wait, and
 //     P's backward readers and replay views read R instead; see dense_layout.h)
 //   then every new reload is moved `prefetch_regions` scope regions earlier
-//   (regions located on the rewritten graph; see analysis/regions.h).
+//   (regions located on the rewritten graph; see analysis/regions.h): before
+//   the first node of that region (kRegionStart, the reference), or right
+//   after its last in-root node and the reloads already moved there, in graph
+//   order (kRegionEnd; ActivationPlanOptions::prefetch_anchor).
 //
 // FX inserts "after X" immediately after X, ahead of nodes inserted there
 // before, and the prefetch moves nodes; plan.h edits only insert, with a
@@ -77,7 +80,9 @@ struct OffloadRewrite {
 // would not reproduce the simulated graph (a bug, never bad input).
 OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const analysis::ScopeRoots& scope,
-                                     const std::vector<ChosenValue>& chosen, int prefetch_regions);
+                                     const std::vector<ChosenValue>& chosen, int prefetch_regions,
+                                     ActivationPlanOptions::PrefetchAnchor prefetch_anchor =
+                                         ActivationPlanOptions::PrefetchAnchor::kRegionStart);
 
 // The schemas a rewritten graph records for the spillway targets.
 OpSchema offload_schema();
