@@ -176,6 +176,12 @@ struct OpSchema {
   bool is_mutable = false;  // the schema writes any argument
   bool is_view = false;     // the op returns an alias of an input (a view op)
   std::vector<OpArgument> arguments;
+  // Appended after format v1's first release (absent in older files: false).
+  // The op's torch tags: torch.Tag.pointwise (elementwise over broadcast
+  // inputs, each output element a function of the matching input elements)
+  // and torch.Tag.nondeterministic_seeded (draws from the RNG: dropout, rand*).
+  bool is_pointwise = false;
+  bool is_random = false;
   friend bool operator==(const OpSchema&, const OpSchema&) = default;
 };
 
@@ -192,6 +198,11 @@ struct Node {
   std::vector<std::string> module_stack;
   Value value;                     // what the node produced at trace time
   std::optional<double> time_ms;   // measured or estimated run time
+  // Appended after format v1's first release (absent in older files: false).
+  // The trace tagged this node for recomputation in backward instead of being
+  // saved (torch.utils.checkpoint's MUST_RECOMPUTE / PREFER_RECOMPUTE, FX
+  // meta["recompute"]): planners leave its value to the recomputation.
+  bool recompute = false;
 
   // Calls fn(NodeId) for every node reference in args then kwargs, in order,
   // descending into lists. A node referenced twice is visited twice.

@@ -78,6 +78,17 @@ struct ActivationPlanOptions {
   // Graph format v1 records no storage_offset: a dense storage owner is taken
   // to start its storage, as for the contiguous case.
   bool dense_storages = false;
+  // Replay cheap pointwise values in backward instead of moving them. A
+  // candidate P whose op schema is pointwise (OpSchema::is_pointwise), neither
+  // random, mutable nor a view, and whose every tensor input is a value the
+  // plan offloads or replays (P reads it directly), is not offloaded: a copy of
+  // P's node applied to the reloaded inputs runs in backward before P's first
+  // backward reader (EditKind::kReplayOp; P's views are replayed on it), and
+  // P's backward readers read it. Decided in graph order after the budget
+  // selection, so replays chain (silu(gate), then silu * up); the budget a
+  // replayed value leaves unused is not refilled. The replay recomputes the
+  // same bits. Off: the plan is the one without this option, bit for bit.
+  bool replay_pointwise = false;
   // Where a prefetched reload is issued (only with prefetch_regions > 0). A
   // reload belongs to region k, the occurrence of its value's scope root that
   // holds it (analysis/regions.h).
@@ -130,6 +141,11 @@ enum class Rule {
                               // cannot follow (after the forward wait, or in
                               // backward without being redirected)
   kBackwardBeforeForwardUse,  // a backward reader precedes the last forward use
+  // Appended with Graph Node::recompute and ActivationPlanOptions::replay_pointwise.
+  kTaggedForRecompute,  // the trace tagged it for recompute (a checkpoint region);
+                        // checked right after kCollective
+  kReplayed,            // recomputed in backward from reloaded inputs, not moved
+                        // (replay_pointwise); a candidate, like kOverBudget
 };
 std::string_view to_string(Rule rule);
 // One line a user can read: "storage is written in place by a later node".
@@ -167,6 +183,10 @@ enum class EditKind {
   kDensePermute,    // new node: aten.permute(value, order), contiguous; what is offloaded
   kRestorePermute,  // new node: aten.permute(backward wait, inverse): the value's
                     // sizes and strides again, read by backward in its place
+  // Appended (ActivationPlanOptions::replay_pointwise).
+  kReplayOp,  // new node: a copy of a forward pointwise node applied to the
+              // backward waits (or replays) of its inputs; P's backward readers
+              // read it
 };
 std::string_view to_string(EditKind kind);
 
@@ -203,6 +223,17 @@ struct Offload {
   NodeId restore_permute_node = -1;
 };
 
+// One candidate recomputed in backward instead of moved (replay_pointwise).
+struct Replay {
+  NodeId producer = -1;
+  std::int64_t bytes = 0;
+  NodeId first_backward_reader = -1;  // of the producer, in the original graph
+  NodeId replay_node = -1;            // the kReplayOp node
+  // The node before which the replay sits: the first backward reader, or
+  // earlier when a replay that reads this one needs it sooner.
+  NodeId needed_before = -1;
+};
+
 struct Plan {
   ActivationPlanOptions options;
   // Every forward node (output excluded) whose value is a tensor or a tuple/list
@@ -213,6 +244,10 @@ struct Plan {
   std::int64_t candidate_count = 0;      // passed every rule but the budget
   std::int64_t bytes_offloaded = 0;
   std::int64_t reloads_prefetched = 0;
+  // Appended (replay_pointwise): the values replayed instead of moved, in graph
+  // order, and their hinted bytes (not part of bytes_offloaded).
+  std::vector<Replay> replays;
+  std::int64_t bytes_replayed = 0;
 };
 
 struct PlanResult {

@@ -10,8 +10,15 @@ boundary:
 
   * offload and the forward wait are tagged "must_be_in_forward": the host
     tensor (the wait's output) is what the forward saves for backward;
-  * reload, the backward wait and replayed views are tagged
-    "must_be_in_backward": they run in backward, reading the saved host tensor.
+  * reload, the backward wait, replayed views and replayed pointwise ops
+    (replay_pointwise) are tagged "must_be_in_backward": they run in backward,
+    reading the saved host tensor or what was rebuilt from it.
+
+A replay ("spillway_replay_<name>") copies the FX node <name>: its target, its
+literal args and kwargs (SymInts included), and the meta that points at the
+model code; its node inputs are the planner's (reloads, replays). It carries
+no "recompute" tag of its own: it is a backward node, not a forward one the
+partitioner may choose to recompute.
 
 Nothing here specialises a symbolic size: fake values are computed from the
 producers' fake values with guard recording suppressed (the ops and views only
@@ -25,6 +32,8 @@ from typing import Any
 
 import torch
 import torch.fx
+
+from spillway.fx_export._serialize import target_string
 
 _FORWARD_TAG = "must_be_in_forward"
 _BACKWARD_TAG = "must_be_in_backward"
@@ -149,13 +158,17 @@ class EditReplayer:
             args = tuple(self._decode_literal(a, index) for a in node["args"])
             kwargs = {k: self._decode_literal(v, index) for k, v in node["kwargs"].items()}
             return target, args, kwargs, None
-        # A replayed view: the planner copied a forward view node and remapped its
-        # node inputs; its literals (SymInts included) are taken from that node.
+        # A replayed view or pointwise op: the planner copied a forward node and
+        # remapped its node inputs; its literals (SymInts included) are taken from
+        # that node.
         view_name = node["name"].removeprefix(_REPLAY_PREFIX)
         view = self.by_name.get(view_name)
         if view is None or view.op != "call_function":
-            raise EditError(f"[compiled] edit {index} replays view '{view_name}', which the FX "
+            raise EditError(f"[compiled] edit {index} replays '{view_name}', which the FX "
                             "graph does not have")
+        if target_name != target_string(view):
+            raise EditError(f"[compiled] edit {index} replays '{view_name}' as {target_name}, "
+                            f"but the FX node calls {target_string(view)}")
         args = tuple(self._decode(a, o, index) for a, o in zip(node["args"], view.args))
         kwargs = {k: self._decode(v, view.kwargs.get(k), index)
                   for k, v in node["kwargs"].items()}

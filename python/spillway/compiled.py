@@ -81,19 +81,24 @@ class CompiledPlan:
     """What the pass planned for one compiled joint graph, and where the edits landed.
 
     plan: the planner's JSON as a dict (the fields of `spillway plan --json`:
-    decisions with rule names, offloads, counts; plus edit_list).
+    decisions with rule names, offloads, replays, counts; plus edit_list).
     forward_ops / backward_ops: spillway ops per name ("offload", "reload",
     "wait_tensor") in the forward and backward graph modules handed to the
     compiler (filled in when those graphs are compiled).
     forward_outputs: names of the forward graph's outputs: the model's outputs,
     then what the forward saves for backward (a chosen activation's forward
     wait, "spillway_wait_offload_<name>", is saved instead of the activation).
+    forward_replays / backward_replays: names of the replayed nodes
+    ("spillway_replay_<name>": views and, with replay_pointwise, pointwise
+    ops rebuilt from reloads) in the forward and backward graphs.
     """
 
     plan: dict
     forward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     backward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     forward_outputs: list[str] = dataclasses.field(default_factory=list)
+    forward_replays: list[str] = dataclasses.field(default_factory=list)
+    backward_replays: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def chosen(self) -> list[str]:
@@ -102,7 +107,18 @@ class CompiledPlan:
 
     @property
     def bytes_offloaded(self) -> int:
+        """Bytes the plan moves to host (replayed values excluded)."""
         return int(self.plan["bytes_offloaded"])
+
+    @property
+    def replayed(self) -> list[str]:
+        """Names of the values recomputed in backward instead of moved, graph order."""
+        return [r["name"] for r in self.plan.get("replays", [])]
+
+    @property
+    def bytes_replayed(self) -> int:
+        """Bytes of the replayed values: what the forward no longer saves, unmoved."""
+        return int(self.plan.get("bytes_replayed", 0))
 
 
 def spillway_op_counts(graph: torch.fx.Graph) -> collections.Counter:
@@ -193,16 +209,19 @@ class _Session:
 
     def saw_graph(self, graph: torch.fx.Graph, backward: bool) -> None:
         counts = spillway_op_counts(graph)
+        replays = [n.name for n in graph.nodes if n.name.startswith("spillway_replay_")]
         with self.lock:
             if backward:
                 record = self.pending_backward.popleft() if self.pending_backward else None
                 if record is not None:
                     record.backward_ops = counts
+                    record.backward_replays = replays
             else:
                 record, self.pending_forward = self.pending_forward, None
                 if record is not None:
                     record.forward_ops = counts
                     record.forward_outputs = _output_names(graph)
+                    record.forward_replays = replays
 
 
 _latest: _Session | None = None
@@ -309,7 +328,8 @@ def _check_options(plan_options: dict) -> None:
 def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: int = 0,
             min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
             offload_tuple_outputs: bool = False,
-            dense_storages: bool = False, backend: str = "inductor",
+            dense_storages: bool = False, replay_pointwise: bool = True,
+            backend: str = "inductor",
             dynamic: bool | None = None, **torch_compile_kwargs: Any) -> Any:
     """torch.compile(model_or_fn) with activation offload planned into every joint graph.
 
@@ -329,7 +349,10 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     offload_tuple_outputs, dense_storages: the
     planner's opt-in relaxations (include/spillway/plan.h): values whose last
     forward use returns a tuple (SDPA), and non-contiguous dense values (rotary
-    Q/K) become offloadable. backend: "inductor" or "aot_eager".
+    Q/K) become offloadable. replay_pointwise: a cheap pointwise value of moved
+    values (SiLU(gate), SiLU(gate) * up) is recomputed in backward from their
+    reloads instead of moved (the planner option of that name; on by default
+    here, off in the planner itself). backend: "inductor" or "aot_eager".
     Other keyword arguments go to torch.compile (fullgraph, mode, options —
     the last two for inductor only).
 
@@ -342,7 +365,8 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
                     "min_bytes": min_bytes, "prefetch_regions": prefetch,
                     "prefetch_anchor": prefetch_anchor,
                     "offload_tuple_outputs": bool(offload_tuple_outputs),
-                    "dense_storages": bool(dense_storages)}
+                    "dense_storages": bool(dense_storages),
+                    "replay_pointwise": bool(replay_pointwise)}
     _check_options(plan_options)
     module_names = None
     if isinstance(model_or_fn, torch.nn.Module):

@@ -14,8 +14,10 @@ Scope. `scope` names modules by the last component of their qualified name
 ("self_attn" matches model.layers.3.self_attn) or by class name
 ("LlamaDecoderLayer"); a list of such names matches any of them. None or "*"
 means every element of the model's largest nn.ModuleList (the decoder layers of
-Hugging Face models: model.layers, transformer.h). A scope module called inside
-another one belongs to the outer one's layer.
+Hugging Face models: model.layers, transformer.h), at positions 0..n-1, then
+every module with parameters of its own outside that list (embeddings, the
+final norm, lm_head). A scope module called inside another one belongs to the
+outer one's layer.
 
 Eligible tensors: saved while a scope module runs forward, on the target device
 (`device`, default the device of the model's first parameter when that is a
@@ -160,7 +162,9 @@ def _scope_modules(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
         best = max(lists, key=lambda nm: len(nm[1]), default=None)
         found = [] if best is None else [(f"{best[0]}.{i}" if best[0] else str(i), m)
                                          for i, m in enumerate(best[1])]
-        wanted = "every element of the largest nn.ModuleList"
+        if found:
+            found += _modules_outside_list(model, best[0])
+        wanted = "every element of the largest nn.ModuleList (and what has parameters outside it)"
     else:
         names = [scope] if isinstance(scope, str) else list(scope)
         if not names or not all(isinstance(n, str) and n for n in names):
@@ -179,6 +183,30 @@ def _scope_modules(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
         raise ValueError(f"[eager] scope {wanted} matches no module of {type(model).__name__}; "
                          f"modules there include: {', '.join(seen[:12])}")
     return found
+
+
+def _modules_outside_list(model: nn.Module, list_name: str) -> list[tuple[str, nn.Module]]:
+    """The modules with parameters of their own outside the layer list, outermost only.
+
+    For "*": what runs before or after the decoder layers (Llama's embed_tokens,
+    final norm and lm_head; GPT-2's wte, wpe, ln_f). The final norm's saved
+    hidden state sits on the device through the loss's backward, the step's
+    peak, unless it moves too (measured on T1: 0.19 GiB). Ancestors of the list
+    (the model itself) and modules inside a chosen one are left out.
+    """
+    if not list_name:
+        return []  # the model is the layer list
+    picked: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if not name or name == list_name or name.startswith(f"{list_name}."):
+            continue
+        if list_name.startswith(f"{name}."):
+            continue  # an ancestor of the layer list
+        if any(name.startswith(f"{outer}.") for outer, _ in picked):
+            continue  # inside a module already picked
+        if next(m.parameters(recurse=False), None) is not None:
+            picked.append((name, m))
+    return picked
 
 
 def _selected_layers(layers, count: int) -> frozenset | None:

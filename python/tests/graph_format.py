@@ -11,10 +11,11 @@ import math
 from typing import Any
 
 _TOP_FIELDS = {"format", "version", "name", "metadata", "ops", "nodes"}
-_NODE_FIELDS = {"id", "name", "kind", "target", "args", "kwargs", "phase", "module_stack", "value", "time_ms"}
+_NODE_FIELDS = {"id", "name", "kind", "target", "args", "kwargs", "phase", "module_stack", "value", "time_ms",
+                "recompute"}
 _KINDS = {"placeholder", "call_function", "call_method", "call_module", "get_attr", "output"}
 _PHASES = {"forward", "backward"}
-_SCHEMA_FIELDS = {"namespace", "mutable", "view", "arguments"}
+_SCHEMA_FIELDS = {"namespace", "mutable", "view", "pointwise", "random", "arguments"}
 _ARGUMENT_FIELDS = {"name", "kwarg_only", "write"}
 _TENSOR_FIELDS = {"type", "dtype", "element_size", "sizes", "strides", "contiguous", "storage", "device", "dtensor"}
 
@@ -127,6 +128,9 @@ def _check_ops(ops: Any) -> None:
             raise GraphFormatError(f"{where}: unknown fields {sorted(extra)}")
         if not isinstance(schema.get("namespace"), str):
             raise GraphFormatError(f"{where}.namespace: required string")
+        for flag in ("mutable", "view", "pointwise", "random"):
+            if not isinstance(schema.get(flag, False), bool):
+                raise GraphFormatError(f"{where}.{flag}: must be a boolean")
         names = set()
         for i, arg in enumerate(schema.get("arguments", [])):
             if set(arg) - _ARGUMENT_FIELDS or not isinstance(arg.get("name"), str):
@@ -169,6 +173,8 @@ def check_graph(g: Any) -> None:
             raise GraphFormatError(f"{where}: target must be a string")
         if node.get("phase", "forward") not in _PHASES:
             raise GraphFormatError(f"{where}: unknown phase {node.get('phase')!r}")
+        if not isinstance(node.get("recompute", False), bool):
+            raise GraphFormatError(f"{where}: recompute must be a boolean")
         stack = node.get("module_stack", [])
         if not isinstance(stack, list) or not all(isinstance(s, str) for s in stack):
             raise GraphFormatError(f"{where}: module_stack must be a list of strings")

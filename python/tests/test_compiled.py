@@ -13,7 +13,9 @@ the bytes on worker threads; the CUDA tests (skipped without a GPU) repeat the
 check in bf16 and measure the peak memory the offload saves.
 
 The seed policy chooses real activations on HF Llama under scope "mlp"
-(gate/up projections, SiLU, the gated product). Under "self_attn" it chooses
+(gate/up projections, SiLU, the gated product); with replay_pointwise (on by
+default in spillway.compiled) only the projections move, and the SiLU and the
+product are recomputed in backward from their reloads. Under "self_attn" it chooses
 nothing (SDPA returns a tuple, rotary Q/K are not contiguous), which makes it
 the "nothing chosen" case, until the planner's opt-in relaxations
 offload_tuple_outputs (SDPA output, logsumexp) and dense_storages (rotary Q/K,
@@ -111,17 +113,28 @@ def _assert_edits_in_graphs(plan):
     for name in plan.chosen:
         assert f"spillway_wait_offload_{name}" in plan.forward_outputs
         assert name not in plan.forward_outputs
+    # A replayed value is neither saved nor moved: the backward recomputes it.
+    assert plan.forward_replays == []
+    for name in plan.replayed:
+        assert name not in plan.forward_outputs
+        assert f"spillway_replay_{name}" in plan.backward_replays, plan.backward_replays
 
 
-# (backend, scope, planner relaxations, how many activations the plan moves)
+# (backend, scope, planner options, how many activations the plan moves, how
+# many it replays)
 EXACT_CASES = [
-    # Two layers x (gate_proj, SiLU, up_proj, their product).
-    pytest.param("aot_eager", "mlp", {}, 8, id="aot_eager-mlp"),
+    # Two layers x (gate_proj, up_proj) moved, (SiLU, their product) replayed.
+    pytest.param("aot_eager", "mlp", {}, 4, 4, id="aot_eager-mlp"),
+    # Without replays: two layers x (gate_proj, SiLU, up_proj, their product).
+    pytest.param("aot_eager", "mlp", {"replay_pointwise": False}, 8, 0,
+                 id="aot_eager-mlp-no-replay"),
     # Two layers x (SDPA output, logsumexp: tuple last use; rotary Q: not contiguous).
     pytest.param("aot_eager", "self_attn", {"offload_tuple_outputs": True,
-                                            "dense_storages": True}, 6,
+                                            "dense_storages": True}, 6, 0,
                  id="aot_eager-self_attn-dense"),
-    pytest.param("inductor", "mlp", {}, 8, id="inductor-mlp"),
+    # Inductor's joint graph holds SiLU decomposed (x / (1 + exp(-x))): the neg,
+    # exp and add are recomputed on the way to the replayed div.
+    pytest.param("inductor", "mlp", {}, 4, 4, id="inductor-mlp"),
 ]
 # Not bit-exact, so not among EXACT_CASES (checked for closeness in the dynamic
 # test): Inductor with dense_storages. The permute the planner offloads changes
@@ -131,8 +144,9 @@ EXACT_CASES = [
 RELAXED = {"offload_tuple_outputs": True, "dense_storages": True}
 
 
-@pytest.mark.parametrize("backend, scope, relaxations, chosen", EXACT_CASES)
-def test_offload_is_bit_exact_and_edits_reach_both_graphs(backend, scope, relaxations, chosen):
+@pytest.mark.parametrize("backend, scope, relaxations, chosen, replayed", EXACT_CASES)
+def test_offload_is_bit_exact_and_edits_reach_both_graphs(backend, scope, relaxations, chosen,
+                                                          replayed):
     base = _tiny_llama()
     steps = [_ids(32, seed=s) for s in range(STEPS)]
 
@@ -148,10 +162,14 @@ def test_offload_is_bit_exact_and_edits_reach_both_graphs(backend, scope, relaxa
     assert len(plans) == 1
     _assert_edits_in_graphs(plans[0])
     assert len(plans[0].chosen) == chosen, plans[0].chosen
+    assert len(plans[0].replayed) == replayed, plans[0].replayed
     decisions = plans[0].plan["decisions"]
     assert plans[0].bytes_offloaded == sum(d["bytes"] for d in decisions if d["rule"] == "chosen")
+    assert plans[0].bytes_replayed == sum(d["bytes"] for d in decisions
+                                          if d["rule"] == "replayed")
     if scope == "mlp":  # [batch 2, sequence 32, intermediate 128] float32 each
         assert plans[0].bytes_offloaded == chosen * 2 * 32 * 128 * 4
+        assert plans[0].bytes_replayed == replayed * 2 * 32 * 128 * 4
 
     reference = copy.deepcopy(base)
     want = _train(reference, torch.compile(reference, backend=backend), steps)
@@ -243,10 +261,34 @@ def test_plan_binding_reports_rules_and_complete_edits():
     assert {"chosen", "out_of_scope", "view"} <= rules
     kinds = [e["kind"] for e in plan["edit_list"]]
     assert kinds.count("offload") == plan["chosen"] == 8
+    assert "replay_op" not in kinds and plan["replayed"] == 0  # the binding's default: off
     offload = next(e for e in plan["edit_list"] if e["kind"] == "offload")
     assert offload["node"]["target"] == "spillway.offload.default"
     assert offload["node"]["value"]["device"] == "cpu"
     assert offload["placement"] == "after" and offload["anchor"] == offload["source"]
+
+    # replay_pointwise: per layer the projections move; SiLU and the product
+    # are copies of their forward nodes in backward, read instead of them.
+    replay = json.loads(_C.plan_activation_offload(json.dumps(graph), scope="mlp", min_bytes=0,
+                                                   replay_pointwise=True))
+    assert replay["chosen"] == replay["replayed"] == 4
+    assert replay["bytes_offloaded"] + replay["bytes_replayed"] == plan["bytes_offloaded"]
+    by_id = {n["id"]: n for n in graph["nodes"]}
+    assert sorted(by_id[r["producer"]]["target"] for r in replay["replays"]) == (
+        ["aten.mul.Tensor"] * 2 + ["aten.silu.default"] * 2)
+    replays = {e["node"]["name"]: e for e in replay["edit_list"] if e["kind"] == "replay_op"}
+    assert set(replays) == {f"spillway_replay_{r['name']}" for r in replay["replays"]}
+    for r in replay["replays"]:
+        edit = replays[f"spillway_replay_{r['name']}"]
+        assert edit["node"]["phase"] == "backward"
+        assert edit["node"]["target"] == by_id[r["producer"]]["target"]
+        assert edit["placement"] == "before" and edit["anchor"] == r["needed_before"]
+        # Every backward reader of the value reads the replay instead.
+        readers = {n["id"] for n in graph["nodes"] if n["phase"] == "backward"
+                   and {"node": r["producer"]} in n["args"]}
+        redirected = {e["reader"]: e["to"] for e in replay["edit_list"]
+                      if e["kind"] == "redirect" and e["from"] == r["producer"]}
+        assert redirected == dict.fromkeys(readers, edit["node"]["id"])
 
     broken = dict(graph, nodes=graph["nodes"][1:])  # drops a node others read
     with pytest.raises(ValueError, match=r"^\[graph\] node"):
@@ -311,7 +353,7 @@ def test_inductor_keeps_reloads_where_the_plan_put_them():
     run(ids, labels=ids).loss.backward()  # compiles
     _C.synchronize()
     (plan,) = compiled.last_plans()
-    per_layer = 4  # gate_proj, SiLU, up_proj, their product
+    per_layer = 2  # gate_proj, up_proj (SiLU and the product are replayed)
     assert len(plan.chosen) == 3 * per_layer, plan.chosen
 
     meter = _ReloadedValuesMeter()
@@ -412,7 +454,8 @@ def test_compiled_default_prefetches_each_reload_after_the_previous_layers_mlp(m
                 assert all(n.startswith("spillway_reload_") for n in between), between
             else:
                 assert reload < regions[layer + 1][0], offload["name"]
-        assert per_layer == {0: 4, 1: 4, 2: 4}
+        # gate_proj and up_proj per layer (SiLU and the product are replayed).
+        assert per_layer == {0: 2, 1: 2, 2: 2}, per_layer
         assert plan["prefetch_anchor"] == anchor
 
 

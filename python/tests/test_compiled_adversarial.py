@@ -17,10 +17,10 @@ pinned pool holds no more live bytes than before the step. On CPU the
 runtime's fake backend moves the bytes on worker threads; injected random copy
 delays widen every window in which a missing wait would show.
 
-Two strict xfails record missed offloads (results stay exact): values a
-checkpoint tagged for recompute are offloaded instead of recomputed, and a
-custom Function's saved tensor read by a matmul is refused because the
-Function's backward nodes carry no backward tag in the joint graph.
+Values a checkpoint tagged for recompute (node.meta["recompute"]: block 0's
+tanh under an outer checkpoint, the sigmoid and product inside a checkpointed
+lambda) are left to the partitioner's recomputation, never offloaded: the
+planner's tagged_for_recompute rule.
 """
 
 from __future__ import annotations
@@ -341,14 +341,6 @@ def test_checkpoint_inside_the_scope_module():
              lambda model, run: _train(model, run, [_input(s) for s in range(2)]), delay=2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the planner chooses values that checkpoint tagged for recompute "
-    "(node.meta['recompute'] == PREFER_RECOMPUTE: block 0's tanh under an outer checkpoint, "
-    "the sigmoid and product inside CheckpointInsideMlp's checkpointed lambda); the offload "
-    "edit makes the backward read the reload, so the partitioner saves the host copy "
-    "(forward output spillway_wait_offload_tanh) where torch.compile without spillway "
-    "recomputes the block: a transfer and pinned bytes the checkpoint was there to avoid. "
-    "Results stay exact"))
 @pytest.mark.parametrize("model", [
     pytest.param(lambda: Toy(layers=3, checkpoint_first=True), id="around-block"),
     pytest.param(lambda: Toy(CheckpointInsideMlp), id="inside-mlp"),
@@ -369,6 +361,9 @@ def test_checkpointed_values_are_recomputed_not_offloaded(model, monkeypatch):
     (plan,) = compiled.last_plans()
     assert recompute
     assert not recompute & set(plan.chosen), sorted(recompute & set(plan.chosen))
+    # The report says why: the values the scope would have moved carry the rule.
+    tagged = {d["name"] for d in plan.plan["decisions"] if d["rule"] == "tagged_for_recompute"}
+    assert tagged and tagged <= recompute, (tagged, recompute)
 
 
 # ---- 6, 7, 8: views, sharing, custom Functions, in-place writes ------------------------

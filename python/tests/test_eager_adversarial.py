@@ -28,7 +28,7 @@ else:
         "cmake --build --preset python)", exc_type=ImportError)
 
 from spillway import _C  # noqa: E402
-from spillway.eager import offload_activations  # noqa: E402
+from spillway.eager import _scope_modules, offload_activations  # noqa: E402
 
 from _models import SyntheticGrad, tiny_llama  # noqa: E402
 
@@ -533,12 +533,24 @@ def test_missing_cuda_device_is_a_clear_error():
         offload_activations(Toy(), device="cuda:99")
 
 
-def test_scope_none_means_every_element_of_the_largest_module_list(no_leaks):
+def test_scope_none_means_the_layer_list_and_the_modules_with_parameters_outside_it(no_leaks):
     model, x = Toy(layers=3), _input()
+    want = _reference(model, x)
+    model.zero_grad(set_to_none=True)
     with _ctx(model, scope=None) as ctx:
         loss = model(x)
     loss.backward()
-    assert ctx.stats()["layers"] == 3
+    _assert_same_grads(_grads(model), want)
+    assert ctx.stats()["layers"] == 4  # layers.0-2, then head
+    assert [name for name, _ in _scope_modules(model, "*")] == [
+        "layers.0", "layers.1", "layers.2", "head"]
+    # layers=[3] is the head alone: only its saved input moves.
+    model.zero_grad(set_to_none=True)
+    with _ctx(model, scope="*", layers=[3]) as ctx:
+        loss = model(x)
+    loss.backward()
+    _assert_same_grads(_grads(model), want)
+    assert ctx.stats()["storages_offloaded"] == 1
 
 
 def test_scope_list_and_nested_scope_modules(no_leaks):

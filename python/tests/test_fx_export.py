@@ -230,6 +230,35 @@ def test_in_place_ops_are_mutable_with_their_written_argument():
     assert {n["phase"] for n in graph["nodes"]} == {"forward"}
 
 
+def test_op_tags_and_recompute_tags_are_exported_only_when_set():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def step(x, w):
+        h = torch.mm(x, w)
+        return torch.nn.functional.dropout(torch.nn.functional.silu(h), 0.5) * h
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(4, 8), torch.randn(8, 4))
+    policies = {"mm": CheckpointPolicy.PREFER_RECOMPUTE, "silu": CheckpointPolicy.MUST_RECOMPUTE,
+                "mul_1": CheckpointPolicy.MUST_SAVE}
+    for node in gm.graph.nodes:
+        for prefix, policy in policies.items():
+            if node.name == prefix:
+                node.meta["recompute"] = policy
+    graph = export_graph_module(gm)
+    check_graph(graph)
+    ops = graph["ops"]
+    assert ops["aten.silu.default"].get("pointwise") is True
+    assert ops["aten.mul.Tensor"].get("pointwise") is True
+    assert "pointwise" not in ops["aten.mm.default"] and "random" not in ops["aten.mm.default"]
+    random_ops = {t for t, o in ops.items() if o.get("random")}
+    assert random_ops and all("dropout" in t or "bernoulli" in t or "rand" in t
+                              for t in random_ops), random_ops
+    assert not any(o.get("pointwise") for t, o in ops.items() if t in random_ops)
+    tagged = {n["name"] for n in graph["nodes"] if n.get("recompute")}
+    assert tagged == {"mm", "silu"}  # MUST_SAVE and untagged nodes carry no field
+    assert all(n.get("recompute", True) is True for n in graph["nodes"])
+
+
 # ---- dynamic shapes ----------------------------------------------------------------
 
 

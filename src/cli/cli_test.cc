@@ -365,5 +365,44 @@ TEST_F(CliTest, RelaxationFlagsMoveTheLlamaAttentionActivations) {
   EXPECT_NO_THROW(verify_offload_graph(load_graph(graph.string()), load_graph(out.string())));
 }
 
+TEST_F(CliTest, ReplayPointwiseRecomputesTaggedMlpValuesInsteadOfMovingThem) {
+  const fs::path source =
+      fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama3-8b-s8192-cuda.json.zst";
+  if (!fs::exists(source)) GTEST_SKIP() << "missing " << source;
+  // The example predates the op tags: tag SiLU and mul as the exporter now does.
+  Graph tagged = load_graph(source.string());
+  for (const char* target : {"aten.silu.default", "aten.mul.Tensor"}) {
+    auto it = tagged.ops.find(target);
+    ASSERT_NE(it, tagged.ops.end()) << target;
+    it->second.is_pointwise = true;
+  }
+  const fs::path graph = dir_ / "tagged.json.zst";
+  save_graph(tagged, graph.string());
+
+  const CliRun moved = run("plan --json --scope mlp '" + graph.string() + "'");
+  const CliRun replayed = run("plan --json --scope mlp --replay-pointwise '" + graph.string() + "'");
+  ASSERT_EQ(moved.exit_code, 0) << moved.err;
+  ASSERT_EQ(replayed.exit_code, 0) << replayed.err;
+  const nlohmann::json before = nlohmann::json::parse(moved.out);
+  const nlohmann::json after = nlohmann::json::parse(replayed.out);
+  EXPECT_FALSE(before.at("replay_pointwise").get<bool>());
+  EXPECT_EQ(before.at("replayed").get<int>(), 0);
+  EXPECT_TRUE(after.at("replay_pointwise").get<bool>());
+  EXPECT_GT(after.at("replayed").get<int>(), 0);
+  EXPECT_EQ(after.at("replays").size(), after.at("replayed").get<std::size_t>());
+  // Every value either still moves or is replayed; replayed bytes are not moved.
+  EXPECT_EQ(after.at("bytes_offloaded").get<std::int64_t>() +
+                after.at("bytes_replayed").get<std::int64_t>(),
+            before.at("bytes_offloaded").get<std::int64_t>());
+  EXPECT_LT(after.at("chosen").get<int>(), before.at("chosen").get<int>());
+  EXPECT_NE(run("plan --scope mlp --replay-pointwise '" + graph.string() + "'").out.find("replayed:"),
+            std::string::npos);
+  const fs::path out = dir_ / "replayed.json.zst";
+  const CliRun emitted = run("plan --scope mlp --replay-pointwise --emit-graph '" + out.string() +
+                             "' '" + graph.string() + "'");
+  ASSERT_EQ(emitted.exit_code, 0) << emitted.err;
+  EXPECT_NO_THROW(verify_offload_graph(tagged, load_graph(out.string())));
+}
+
 }  // namespace
 }  // namespace spillway

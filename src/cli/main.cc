@@ -96,6 +96,7 @@ struct PlanArgs {
   std::string prefetch_anchor = "start";
   bool offload_tuple_outputs = false;
   bool dense_storages = false;
+  bool replay_pointwise = false;
   bool json = false;
   std::string emit_graph;
 };
@@ -130,6 +131,7 @@ ActivationPlanOptions to_options(const PlanArgs& args) {
   }
   options.offload_tuple_outputs = args.offload_tuple_outputs;
   options.dense_storages = args.dense_storages;
+  options.replay_pointwise = args.replay_pointwise;
   return options;
 }
 
@@ -232,6 +234,9 @@ int main_impl(int argc, char** argv) {
   plan->add_flag("--dense-storages", plan_args.dense_storages,
                  "Also move non-contiguous values whose strides are a permutation of a "
                  "contiguous layout, through a permute view (rotary Q/K)");
+  plan->add_flag("--replay-pointwise", plan_args.replay_pointwise,
+                 "Recompute cheap pointwise values of moved values in backward from their "
+                 "reloads instead of moving them (SiLU(gate), SiLU * up)");
   plan->add_flag("--json", plan_args.json, "Print a JSON object instead of the text summary");
   plan->add_option("--emit-graph", plan_args.emit_graph,
                    "Write the rewritten graph to OUT (.json, or .json.zst to compress)");

@@ -55,9 +55,11 @@ std::string budget_text(std::int64_t budget) {
   return budget == 0 ? "unlimited" : human_bytes(budget);
 }
 
-// A forward value a user would have expected to move: large enough to matter.
+// A forward value a user would have expected to move: large enough to matter,
+// and neither moved nor replayed.
 bool is_large_skip(const ValueDecision& decision, std::int64_t min_bytes) {
-  return decision.rule != Rule::kChosen && decision.bytes && *decision.bytes >= min_bytes;
+  return decision.rule != Rule::kChosen && decision.rule != Rule::kReplayed && decision.bytes &&
+         *decision.bytes >= min_bytes;
 }
 
 struct SkipGroup {
@@ -136,6 +138,10 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
     out << "relaxations:        "
         << (plan.options.offload_tuple_outputs ? "offload-tuple-outputs " : "")
         << (plan.options.dense_storages ? "dense-storages" : "") << "\n";
+  }
+  if (plan.options.replay_pointwise) {
+    out << "replayed:           " << plan.replays.size() << " values, "
+        << human_bytes(plan.bytes_replayed) << " (recomputed in backward, not moved)\n";
   }
   out << "candidates:         " << plan.candidate_count << "\n";
   out << "chosen:             " << plan.offloads.size() << " values, "
@@ -243,6 +249,20 @@ std::string format_plan_json(const Graph& original, const PlanResult& result) {
     offloads.push_back(std::move(entry));
   }
 
+  json replays = json::array();
+  for (const Replay& replay : plan.replays) {
+    replays.push_back({
+        {"producer", replay.producer},
+        {"name", node_name(index, replay.producer)},
+        {"bytes", replay.bytes},
+        {"first_backward_reader", replay.first_backward_reader},
+        {"first_backward_reader_name", node_name(index, replay.first_backward_reader)},
+        {"needed_before", replay.needed_before},
+        {"needed_before_name", node_name(index, replay.needed_before)},
+        {"replay_node", replay.replay_node},
+    });
+  }
+
   json decisions = json::array();
   json skipped_large = json::object();
   for (const ValueDecision& decision : plan.decisions) {
@@ -272,13 +292,17 @@ std::string format_plan_json(const Graph& original, const PlanResult& result) {
                                                                                          : "start"},
       {"offload_tuple_outputs", plan.options.offload_tuple_outputs},
       {"dense_storages", plan.options.dense_storages},
+      {"replay_pointwise", plan.options.replay_pointwise},
       {"candidates", plan.candidate_count},
       {"chosen", plan.offloads.size()},
       {"bytes_offloaded", plan.bytes_offloaded},
       {"reloads_prefetched", plan.reloads_prefetched},
+      {"replayed", plan.replays.size()},
+      {"bytes_replayed", plan.bytes_replayed},
       {"edits", plan.edits.size()},
       {"rewritten_nodes", result.graph.nodes.size()},
       {"offloads", std::move(offloads)},
+      {"replays", std::move(replays)},
       {"skipped_large", std::move(skipped_large)},
       {"decisions", std::move(decisions)},
   };

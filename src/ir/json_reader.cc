@@ -174,6 +174,10 @@ class Reader {
         schema.is_mutable = bool_of(value, root.field(key));
       } else if (key == "view") {
         schema.is_view = bool_of(value, root.field(key));
+      } else if (key == "pointwise") {
+        schema.is_pointwise = bool_of(value, root.field(key));
+      } else if (key == "random") {
+        schema.is_random = bool_of(value, root.field(key));
       } else if (key == "arguments") {
         FieldPath arguments = root.field(key);
         Json& list = array_of(value, arguments);
@@ -286,6 +290,8 @@ class Reader {
         node.value = read_value(value, path, 0);
       } else if (key == "time_ms") {
         if (!value.is_null()) node.time_ms = number_of(value, path);
+      } else if (key == "recompute") {
+        node.recompute = bool_of(value, path);
       } else {
         unknown_field(path, "a node");
       }

@@ -106,6 +106,9 @@ Json schema_json(const OpSchema& schema) {
   out["namespace"] = schema.ns;
   out["mutable"] = schema.is_mutable;
   out["view"] = schema.is_view;
+  // Written only when true, so graphs without the tags read and write as before.
+  if (schema.is_pointwise) out["pointwise"] = true;
+  if (schema.is_random) out["random"] = true;
   Json arguments = Json::array();
   for (const OpArgument& argument : schema.arguments) {
     Json a = Json::object();
@@ -136,6 +139,7 @@ Json node_json(const Node& node) {
   out["module_stack"] = node.module_stack;
   out["value"] = value_json(node.value);
   if (node.time_ms) out["time_ms"] = *node.time_ms;
+  if (node.recompute) out["recompute"] = true;
   return out;
 }
 

@@ -97,6 +97,35 @@ TEST(JsonWriter, RefusesAnInvalidGraph) {
   }
 }
 
+// The appended optional fields: written only when true, so a graph without
+// them writes the text it always did, and text without them reads as false.
+TEST(JsonWriter, WritesOpTagsAndRecomputeOnlyWhenSet) {
+  Graph g = rich_graph();
+  const std::string plain = write_graph(g);
+  EXPECT_EQ(plain.find("\"pointwise\""), std::string::npos);
+  EXPECT_EQ(plain.find("\"random\""), std::string::npos);
+  EXPECT_EQ(plain.find("\"recompute\""), std::string::npos);
+  for (const auto& [target, schema] : parse_graph(plain).ops) {
+    EXPECT_FALSE(schema.is_pointwise || schema.is_random) << target;
+  }
+
+  ASSERT_FALSE(g.ops.empty());
+  OpSchema& first = g.ops.begin()->second;
+  first.is_pointwise = true;
+  first.is_random = true;
+  g.nodes[1].recompute = true;
+  const std::string tagged = write_graph(g);
+  EXPECT_NE(tagged.find("\"pointwise\":true"), std::string::npos);
+  EXPECT_NE(tagged.find("\"random\":true"), std::string::npos);
+  EXPECT_NE(tagged.find("\"recompute\":true"), std::string::npos);
+  const Graph back = parse_graph(tagged);
+  EXPECT_EQ(back, g);
+  EXPECT_TRUE(back.ops.begin()->second.is_pointwise);
+  EXPECT_TRUE(back.nodes[1].recompute);
+  EXPECT_FALSE(back.nodes[0].recompute);
+  EXPECT_EQ(parse_graph(write_graph(g, /*pretty=*/true)), g);
+}
+
 TEST(JsonWriter, EmptyGraphRoundTrips) {
   Graph g;
   EXPECT_EQ(parse_graph(write_graph(g)), g);

@@ -5,11 +5,16 @@
 // 3. decide every forward tensor-valued node with the value rules, then the
 //    chain rules (activation_rules.h), in the reference order;
 // 4. select largest-first within the budget (selection.h);
-// 5. build the edits (offload_rewrite.h) and apply them.
+// 5. with replay_pointwise, replay cheap pointwise candidates over the moved
+//    values instead of moving them (pointwise_replay.h);
+// 6. build the edits (offload_rewrite.h) and apply them.
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "analysis/group_safety.h"
 #include "analysis/op_facts.h"
@@ -17,6 +22,7 @@
 #include "analysis/storage_groups.h"
 #include "plan/activation_rules.h"
 #include "plan/offload_rewrite.h"
+#include "plan/pointwise_replay.h"
 #include "plan/selection.h"
 #include "spillway/error.h"
 #include "spillway/plan.h"
@@ -30,7 +36,7 @@ struct RuleText {
   std::string_view description;
 };
 
-constexpr std::array<RuleText, 23> kRuleTexts{{
+constexpr std::array<RuleText, 25> kRuleTexts{{
     {Rule::kChosen, "chosen", "offloaded to host memory"},
     {Rule::kOutOfScope, "out_of_scope", "not produced inside the scope modules"},
     {Rule::kNotCallFunction, "not_call_function",
@@ -61,9 +67,14 @@ constexpr std::array<RuleText, 23> kRuleTexts{{
      "an alias of its storage is read where the rewrite cannot follow it"},
     {Rule::kBackwardBeforeForwardUse, "backward_before_forward_use",
      "a backward reader comes before its last forward use"},
+    {Rule::kTaggedForRecompute, "tagged_for_recompute",
+     "the trace tagged it for recompute in backward (a checkpointed region)"},
+    {Rule::kReplayed, "replayed",
+     "a cheap pointwise op of moved values: recomputed in backward from their reloads, "
+     "not moved"},
 }};
 
-constexpr std::array<std::pair<EditKind, std::string_view>, 8> kEditKindNames{{
+constexpr std::array<std::pair<EditKind, std::string_view>, 9> kEditKindNames{{
     {EditKind::kOffload, "offload"},
     {EditKind::kForwardWait, "forward_wait"},
     {EditKind::kReload, "reload"},
@@ -72,6 +83,7 @@ constexpr std::array<std::pair<EditKind, std::string_view>, 8> kEditKindNames{{
     {EditKind::kRedirect, "redirect"},
     {EditKind::kDensePermute, "dense_permute"},
     {EditKind::kRestorePermute, "restore_permute"},
+    {EditKind::kReplayOp, "replay_op"},
 }};
 
 void validate(const ActivationPlanOptions& options) {
@@ -192,13 +204,43 @@ PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptio
     return result;
   }
 
-  std::vector<plan::ChosenValue> chosen;
-  for (const plan::SizedCandidate& candidate : selection.chosen) {
-    chosen.push_back({candidate.node, candidate.bytes, &facts.at(candidate.node)});
+  plan::ReplaySelection replay;
+  if (options.replay_pointwise) {
+    std::unordered_set<NodeId> offloaded;
+    for (const plan::SizedCandidate& candidate : selection.chosen) offloaded.insert(candidate.node);
+    std::vector<std::pair<NodeId, std::int64_t>> in_graph_order;
+    for (const plan::SizedCandidate& candidate : candidates) {
+      in_graph_order.emplace_back(candidate.node, candidate.bytes);
+    }
+    replay = plan::select_replays(ctx, in_graph_order, offloaded, facts);
   }
-  plan::OffloadRewrite rewrite =
-      plan::build_offload_rewrite(index, scope, chosen, options.prefetch_regions,
-                                  options.prefetch_anchor);
+  std::unordered_set<NodeId> replayed;
+  for (const plan::ReplayChoice& choice : replay.replays) {
+    if (choice.facts == nullptr) continue;  // an intermediate: no decision of its own
+    replayed.insert(choice.producer);
+    ValueDecision& decision = plan.decisions[decision_of.at(choice.producer)];
+    decision.rule = Rule::kReplayed;
+    decision.detail = "from";
+    for (NodeId input : choice.inputs) decision.detail += " " + index.node(input).name;
+    const std::int64_t room = std::numeric_limits<std::int64_t>::max() - plan.bytes_replayed;
+    plan.bytes_replayed += std::min(choice.bytes, room);
+  }
+
+  std::vector<plan::ChosenValue> chosen;
+  if (!replayed.empty()) plan.bytes_offloaded = 0;
+  for (const plan::SizedCandidate& candidate : selection.chosen) {
+    if (replayed.count(candidate.node)) continue;
+    const auto reload_before = replay.reload_before.find(candidate.node);
+    chosen.push_back({candidate.node, candidate.bytes, &facts.at(candidate.node),
+                      reload_before == replay.reload_before.end() ? -1 : reload_before->second});
+    if (!replayed.empty()) {
+      const std::int64_t room = std::numeric_limits<std::int64_t>::max() - plan.bytes_offloaded;
+      plan.bytes_offloaded += std::min(candidate.bytes, room);
+    }
+  }
+  plan::OffloadRewrite rewrite = plan::build_offload_rewrite(
+      index, scope, chosen, options.prefetch_regions, replay, options.prefetch_anchor);
+  plan.replays = std::move(rewrite.replays);
   plan.offloads = std::move(rewrite.offloads);
   plan.edits = std::move(rewrite.edits);
   plan.reloads_prefetched = rewrite.reloads_prefetched;

@@ -70,6 +70,10 @@ Rule rule_not_collective(const RuleContext& ctx, const Node& node, std::string&)
   return analysis::is_collective_op(ctx.index, node) ? Rule::kCollective : kPass;
 }
 
+Rule rule_not_tagged_for_recompute(const RuleContext&, const Node& node, std::string&) {
+  return node.recompute ? Rule::kTaggedForRecompute : kPass;
+}
+
 Rule rule_single_tensor(const RuleContext&, const Node& node, std::string&) {
   return node.value.is_tensor() ? kPass : Rule::kNotTensor;
 }
@@ -166,7 +170,8 @@ const std::vector<ValueRule>& value_rules() {
   static const std::vector<ValueRule> rules{
       rule_in_scope,          rule_call_function,
       rule_not_offload_op,    rule_not_view,
-      rule_not_collective,    rule_single_tensor,
+      rule_not_collective,    rule_not_tagged_for_recompute,
+      rule_single_tensor,
       rule_not_dtensor,       rule_rank_at_least_two,
       rule_contiguous,        rule_known_size,
       rule_large_enough,      rule_known_storage,

@@ -40,6 +40,11 @@ Rule rule_call_function(const RuleContext& ctx, const Node& node, std::string& d
 Rule rule_not_offload_op(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_not_view(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_not_collective(const RuleContext& ctx, const Node& node, std::string& detail);
+// Not in the reference pass: the trace tagged the node for recompute in
+// backward (Node::recompute, a checkpointed region); moving it would spend a
+// transfer and host bytes on a value the partitioner recomputes anyway.
+Rule rule_not_tagged_for_recompute(const RuleContext& ctx, const Node& node,
+                                   std::string& detail);
 Rule rule_single_tensor(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_not_dtensor(const RuleContext& ctx, const Node& node, std::string& detail);
 Rule rule_rank_at_least_two(const RuleContext& ctx, const Node& node, std::string& detail);

@@ -307,9 +307,20 @@ TEST(ActivationRulesTest, BackwardReaderBeforeTheLastForwardUse) {
   EXPECT_EQ(rule_of(a.finish(), a.q), Rule::kBackwardBeforeForwardUse);
 }
 
+TEST(ActivationRulesTest, TaggedForRecomputeIsLeftToTheRecomputation) {
+  AttentionGraph a;
+  a.b.node(a.q).recompute = true;  // a checkpoint's MUST/PREFER_RECOMPUTE
+  const Graph g = a.finish();
+  EXPECT_EQ(rule_of(g, a.q), Rule::kTaggedForRecompute);
+  EXPECT_EQ(to_string(Rule::kTaggedForRecompute), "tagged_for_recompute");
+  const PlanResult r = plan_and_check(g);
+  EXPECT_TRUE(r.plan.offloads.empty());
+  EXPECT_EQ(r.graph, g);
+}
+
 TEST(ActivationRulesTest, RuleNamesAndDescriptionsAreDistinct) {
   std::set<std::string_view> names;
-  for (int r = 0; r <= static_cast<int>(Rule::kBackwardBeforeForwardUse); ++r) {
+  for (int r = 0; r <= static_cast<int>(Rule::kReplayed); ++r) {
     EXPECT_TRUE(names.insert(to_string(static_cast<Rule>(r))).second);
     EXPECT_NE(describe(static_cast<Rule>(r)), "unknown rule");
   }

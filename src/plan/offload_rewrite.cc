@@ -61,10 +61,15 @@ class RewriteBuilder {
   }
 
   OffloadRewrite build(const std::vector<ChosenValue>& chosen, int prefetch_regions,
-                       PrefetchAnchor prefetch_anchor) {
+                       const ReplaySelection& replay, PrefetchAnchor prefetch_anchor) {
     OffloadRewrite out;
+    extra_views_ = &replay.extra_views;
     for (const ChosenValue& value : chosen) out.offloads.push_back(add_forward(value));
     for (std::size_t i = 0; i < chosen.size(); ++i) add_backward(chosen[i], out.offloads[i]);
+    for (const ReplayChoice& choice : replay.replays) {
+      Replay added = add_replay(choice);
+      if (choice.facts != nullptr) out.replays.push_back(added);
+    }
     out.reloads_prefetched = prefetch(out.offloads, prefetch_regions, prefetch_anchor);
     out.edits = express_as_edits();
     return out;
@@ -203,7 +208,8 @@ class RewriteBuilder {
   void add_backward(const ChosenValue& value, Offload& offload) {
     const Node& producer = index_.node(value.producer);
     const CandidateFacts& facts = *value.facts;
-    const NodeId first = facts.first_backward_reader;
+    const NodeId first = value.reload_before >= 0 ? value.reload_before : facts.first_backward_reader;
+    offload.first_backward_reader = first;
     const bool dense = offload.dense_permute_node >= 0;
     std::vector<int> order;
     TensorInfo device = producer.value.tensor;
@@ -237,11 +243,25 @@ class RewriteBuilder {
                           Phase::kBackward, producer, Value::of_tensor(std::move(same))),
                  first, Placement::kBefore, producer.id);
     }
+    rebuilt_[producer.id] = restored;
+    redirect_backward_readers(producer, facts, restored, *device.storage, first);
+  }
+
+  // P's backward readers read `restored` (a value with P's sizes and strides on
+  // `storage`), and P's views read in backward (or by a replay) are replayed on
+  // it before `before`.
+  void redirect_backward_readers(const Node& producer, const CandidateFacts& facts,
+                                 NodeId restored, std::int64_t storage, NodeId before) {
     for (NodeId reader : facts.chain.direct_backward_readers) {
       redirect(reader, producer.id, restored, producer.id);
     }
 
     std::vector<NodeId> views = facts.chain.replay_views;
+    if (extra_views_ != nullptr) {
+      if (auto it = extra_views_->find(producer.id); it != extra_views_->end()) {
+        views.insert(views.end(), it->second.begin(), it->second.end());
+      }
+    }
     std::sort(views.begin(), views.end(),
               [&](NodeId a, NodeId b) { return index_.position(a) < index_.position(b); });
     std::unordered_map<NodeId, NodeId> replayed{{producer.id, restored}};
@@ -250,19 +270,55 @@ class RewriteBuilder {
       std::vector<Arg> args;
       for (const Arg& arg : view.args) args.push_back(remap(arg, replayed));
       Value replay_value = view.value;
-      set_storage(replay_value, *device.storage);
+      set_storage(replay_value, storage);
       Node replay = new_node(view.target, "spillway_replay_" + view.name, std::move(args),
                              Phase::kBackward, view, std::move(replay_value));
       for (const auto& [key, arg] : view.kwargs) replay.kwargs.emplace_back(key, remap(arg, replayed));
       replay.time_ms = view.time_ms;
       replayed[view_id] =
-          insert(EditKind::kReplayView, std::move(replay), first, Placement::kBefore, producer.id);
+          insert(EditKind::kReplayView, std::move(replay), before, Placement::kBefore, producer.id);
+      rebuilt_[view_id] = replayed[view_id];
     }
     for (const auto& [view, reader] : facts.chain.view_backward_redirects) {
       if (auto it = replayed.find(view); it != replayed.end()) {
         redirect(reader, view, it->second, producer.id);
       }
     }
+  }
+
+  // A copy of P's node in backward over the rebuilt (reloaded or replayed)
+  // inputs; P's backward readers read it. An intermediate has no readers to
+  // redirect.
+  Replay add_replay(const ReplayChoice& choice) {
+    const Node& producer = index_.node(choice.producer);
+    for (NodeId input : choice.inputs) {
+      if (!rebuilt_.count(input)) {
+        throw Error("plan", "internal error: replayed value " + producer.name + " reads " +
+                                index_.node(input).name + ", which is neither moved nor replayed");
+      }
+    }
+    std::vector<Arg> args;
+    for (const Arg& arg : producer.args) args.push_back(remap(arg, rebuilt_));
+    Value value = producer.value;
+    const std::int64_t storage = next_storage_++;
+    set_storage(value, storage);
+    Node copy = new_node(producer.target, "spillway_replay_" + producer.name, std::move(args),
+                         Phase::kBackward, producer, std::move(value));
+    for (const auto& [key, arg] : producer.kwargs) copy.kwargs.emplace_back(key, remap(arg, rebuilt_));
+    copy.time_ms = producer.time_ms;
+    Replay replay;
+    replay.producer = producer.id;
+    replay.bytes = choice.bytes;
+    replay.needed_before = choice.needed_before;
+    replay.replay_node = insert(EditKind::kReplayOp, std::move(copy), choice.needed_before,
+                                Placement::kBefore, producer.id);
+    rebuilt_[producer.id] = replay.replay_node;
+    if (choice.facts != nullptr) {
+      replay.first_backward_reader = choice.facts->first_backward_reader;
+      redirect_backward_readers(producer, *choice.facts, replay.replay_node, storage,
+                                choice.needed_before);
+    }
+    return replay;
   }
 
   std::int64_t prefetch(std::vector<Offload>& offloads, int regions_earlier,
@@ -405,6 +461,10 @@ class RewriteBuilder {
   std::unordered_set<std::string> names_;
   std::unordered_map<NodeId, Node> new_nodes_;
   std::unordered_map<NodeId, std::size_t> edit_index_;
+  // Moved or replayed value, or a view of one replayed on it -> the backward
+  // node that holds it again.
+  std::unordered_map<NodeId, NodeId> rebuilt_;
+  const std::unordered_map<NodeId, std::vector<NodeId>>* extra_views_ = nullptr;  // not owned
   std::vector<Pending> pending_;
 };
 
@@ -417,8 +477,9 @@ OpSchema wait_schema() { return spillway_schema({"tensor", "keepalive", "last_us
 OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const analysis::ScopeRoots& scope,
                                      const std::vector<ChosenValue>& chosen, int prefetch_regions,
+                                     const ReplaySelection& replay,
                                      ActivationPlanOptions::PrefetchAnchor prefetch_anchor) {
-  return RewriteBuilder(index, scope).build(chosen, prefetch_regions, prefetch_anchor);
+  return RewriteBuilder(index, scope).build(chosen, prefetch_regions, replay, prefetch_anchor);
 }
 
 }  // namespace spillway::plan

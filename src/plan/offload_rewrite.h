@@ -24,6 +24,17 @@
 //     reload and waits carry D's sizes; R = aten.permute(backward wait,
 //     inverse) before the first backward reader, after the backward wait, and
 //     P's backward readers and replay views read R instead; see dense_layout.h)
+//   then, with replay_pointwise (pointwise_replay.h), for each replayed value
+//   P in graph order:
+//     a copy of P's node            before P's needed_before node, args mapped
+//                                    onto the backward waits (restore
+//                                    permutes), replayed views and earlier
+//                                    replays, P's backward readers redirected
+//                                    to it, and P's views replayed on it as
+//                                    above (views a replay reads, though
+//                                    backward does not, are replayed too)
+//     (an offloaded input's reload and wait sit before its reload_before
+//     node when a replay needs it before its first backward reader);
 //   then every new reload is moved `prefetch_regions` scope regions earlier
 //   (regions located on the rewritten graph; see analysis/regions.h): before
 //   the first node of that region (kRegionStart, the reference), or right
@@ -46,11 +57,12 @@
 //
 // New nodes: ids above every existing id, names "spillway_offload_<P>",
 // "spillway_wait_offload_<P>", "spillway_reload_<P>", "spillway_wait_reload_<P>",
-// "spillway_replay_<view>", "spillway_dense_<P>", "spillway_restore_<P>" (suffixed _1, _2... if taken). Offload and forward
+// "spillway_replay_<view or replayed P>", "spillway_dense_<P>", "spillway_restore_<P>" (suffixed _1, _2... if taken). Offload and forward
 // wait: forward, P's tensor on "cpu" with a fresh storage; reload and backward
 // wait: backward, P's tensor with another fresh storage; both with P's module
 // stack. Replays: backward, the view's module stack and time, its value on the
-// reload's storage.
+// reload's storage; a replayed P's copy: backward, P's module stack, time and
+// value, on a fresh storage.
 //
 // Thread-safety: pure function.
 
@@ -60,6 +72,7 @@
 #include "analysis/graph_index.h"
 #include "analysis/scope.h"
 #include "plan/activation_rules.h"
+#include "plan/pointwise_replay.h"
 #include "spillway/plan.h"
 
 namespace spillway::plan {
@@ -68,19 +81,26 @@ struct ChosenValue {
   NodeId producer = -1;
   std::int64_t bytes = 0;
   const CandidateFacts* facts = nullptr;  // not owned
+  // Where the reload and backward wait go: before this node when >= 0 (a
+  // replay needs the value before its first backward reader), else before
+  // the first backward reader.
+  NodeId reload_before = -1;
 };
 
 struct OffloadRewrite {
   std::vector<Edit> edits;       // application order
   std::vector<Offload> offloads; // one per chosen value, same order
   std::int64_t reloads_prefetched = 0;
+  std::vector<Replay> replays;   // one per replayed value, graph order
 };
 
-// `chosen` in selection order. Throws Error("[plan] internal ...") if the edits
+// `chosen` in selection order; `replay` from select_replays over them
+// (empty: nothing replayed). Throws Error("[plan] internal ...") if the edits
 // would not reproduce the simulated graph (a bug, never bad input).
 OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const analysis::ScopeRoots& scope,
                                      const std::vector<ChosenValue>& chosen, int prefetch_regions,
+                                     const ReplaySelection& replay = {},
                                      ActivationPlanOptions::PrefetchAnchor prefetch_anchor =
                                          ActivationPlanOptions::PrefetchAnchor::kRegionStart);
 

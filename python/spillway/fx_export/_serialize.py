@@ -64,12 +64,34 @@ def op_schema_entry(target: Any) -> dict | None:
     is_view = any(
         r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
     )
-    return {
+    entry = {
         "namespace": target.namespace,
         "mutable": bool(schema.is_mutable),
         "view": bool(is_view),
-        "arguments": arguments,
     }
+    # The op's torch tags, written only when set (docs/graph-format.md).
+    tags = getattr(target, "tags", ())
+    if torch.Tag.pointwise in tags:
+        entry["pointwise"] = True
+    if torch.Tag.nondeterministic_seeded in tags:
+        entry["random"] = True
+    entry["arguments"] = arguments
+    return entry
+
+
+def tagged_for_recompute(node: torch.fx.Node) -> bool:
+    """Whether the trace tagged `node` for recompute in backward.
+
+    torch.utils.checkpoint under torch.compile sets node.meta["recompute"] to a
+    CheckpointPolicy: MUST_RECOMPUTE and PREFER_RECOMPUTE ask the partitioner
+    to recompute the value; MUST_SAVE and PREFER_SAVE do not.
+    """
+    policy = node.meta.get("recompute")
+    if policy is None:
+        return False
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return policy in (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
 
 
 # ---- symbolic integers ------------------------------------------------------------
@@ -391,6 +413,8 @@ def export_graph_module(
                 if node.op != "output"
                 else {"type": "none"},
             }
+            if tagged_for_recompute(node):
+                entry["recompute"] = True
             nodes.append(entry)
             ids[node] = index
     result: dict[str, Any] = {"format": FORMAT, "version": VERSION}
