@@ -15,7 +15,7 @@ are how the two are told apart. The first call compiles; the second is
 measured.
 
     PYTHONPATH=python python3 bench/torch/compiled_backward_peak.py \
-        [--dtype bf16|fp32] [--configs none,p0,p1-start,p1-end]
+        [--dtype bf16|fp32] [--configs none,p0,p1-start,p1-end] [--replay-pointwise on|off]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def tiny_llama(dtype):
     return transformers.LlamaForCausalLM(config).train().to(dtype)
 
 
-def measure(base, ids, config: str) -> tuple[float, dict]:
+def measure(base, ids, config: str, replay_pointwise: bool) -> tuple[float, dict]:
     torch._dynamo.reset()
     model = copy.deepcopy(base)
     info = {}
@@ -94,14 +94,16 @@ def measure(base, ids, config: str) -> tuple[float, dict]:
     else:
         prefetch = 0 if config == "p0" else 1
         anchor = "end" if config.endswith("end") else "start"
-        run = compiled.compile(model, scope="mlp", prefetch=prefetch, prefetch_anchor=anchor)
+        run = compiled.compile(model, scope="mlp", prefetch=prefetch, prefetch_anchor=anchor,
+                               replay_pointwise=replay_pointwise)
     run(ids, labels=ids).loss.backward()  # compiles
     _C.synchronize()
     if config != "none":
         (plan,) = compiled.last_plans()
         info = {"bytes_offloaded": plan.bytes_offloaded,
                 "reloads_prefetched": plan.plan["reloads_prefetched"],
-                "chosen": len(plan.chosen)}
+                "chosen": len(plan.chosen),
+                "replayed": len(plan.plan.get("replays", []))}
     model.zero_grad(set_to_none=True)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     meter = BackwardPeak(params)
@@ -120,14 +122,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--configs", default="none,p0,p1-start,p1-end")
+    parser.add_argument("--replay-pointwise", choices=["on", "off"], default="on",
+                        help="spillway.compile's replay_pointwise (default on, as compile's)")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     base = tiny_llama(dtype)
     ids = torch.randint(0, 128, (4, 2048), generator=torch.Generator().manual_seed(1))
-    print(f"torch {torch.__version__}, {args.dtype}, threads {torch.get_num_threads()}")
+    print(f"torch {torch.__version__}, {args.dtype}, threads {torch.get_num_threads()}, "
+          f"replay_pointwise {args.replay_pointwise}")
     for config in args.configs.split(","):
         start = time.time()
-        peak, info = measure(base, ids, config)
+        peak, info = measure(base, ids, config, args.replay_pointwise == "on")
         print(f"{config:9s} backward peak {peak:8.1f} MiB  {info}  ({time.time() - start:.0f} s)",
               flush=True)
 

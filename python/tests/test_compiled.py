@@ -511,9 +511,10 @@ def _peak_training_memory(model, run, ids):
     "layer's MLP values at the start of the next layer's MLP backward, so two layers' "
     "values are live at its peak (prefetch=0: 394.9 MiB), a planner change. That change: "
     "compile() now defaults to prefetch_anchor='end' (reload after the previous MLP "
-    "region, during the attention backward): CPU backward peak 471.0 MiB "
-    "(bench/torch/compiled_backward_peak.py); not yet measured on the H200, where this "
-    "xfail must go if the test now passes"))
+    "region, during the attention backward): CPU backward peak 471.0 MiB, with "
+    "replay_pointwise on or off (start: 523.2 / 590.5 MiB; "
+    "bench/results/2026-11-29-prefetch-anchor-cpu.md); not yet measured on the H200, "
+    "where this xfail must go if the test now passes"))
 def test_cuda_offload_lowers_peak_memory():
     base = _tiny_llama(hidden=512, intermediate=2048, layers=4).to("cuda", torch.bfloat16)
     ids = _ids(2048, batch=4, device="cuda")
