@@ -89,6 +89,25 @@ struct ActivationPlanOptions {
   // replayed value leaves unused is not refilled. The replay recomputes the
   // same bits. Off: the plan is the one without this option, bit for bit.
   bool replay_pointwise = false;
+  // Where a prefetched reload is issued (only with prefetch_regions > 0). A
+  // reload belongs to region k, the occurrence of its value's scope root that
+  // holds it (analysis/regions.h).
+  //   kRegionStart: the reference semantics: just before the first node of
+  //     region k - prefetch_regions (region 0 when k < prefetch_regions), so
+  //     the value is resident while that whole region and everything after it
+  //     runs.
+  //   kRegionEnd: right after the last in-scope node of region k -
+  //     prefetch_regions (region 0 when k < prefetch_regions), after the
+  //     reloads moved there before it. The transfer overlaps the out-of-scope
+  //     backward between that region and the next (the attention backward
+  //     between two MLP regions) but the value is not resident during region
+  //     k - prefetch_regions itself. When regions follow each other with no
+  //     gap, the end of region k - 1 is the start of region k, so
+  //     prefetch_regions N gives N - 1 regions of lead.
+  //   In both, a reload that would not move earlier stays before its first
+  //   backward reader, and none moves to or before its forward wait.
+  enum class PrefetchAnchor { kRegionStart, kRegionEnd };
+  PrefetchAnchor prefetch_anchor = PrefetchAnchor::kRegionStart;
 };
 
 // The rule that decided a value's fate. Each has a named, tested function in

@@ -34,6 +34,12 @@ ActivationMode parse_mode(const std::string& mode) {
   throw InvalidArgument("plan", "mode must be 'scope' or 'none', got '" + mode + "'");
 }
 
+ActivationPlanOptions::PrefetchAnchor parse_prefetch_anchor(const std::string& anchor) {
+  if (anchor == "start") return ActivationPlanOptions::PrefetchAnchor::kRegionStart;
+  if (anchor == "end") return ActivationPlanOptions::PrefetchAnchor::kRegionEnd;
+  throw InvalidArgument("plan", "prefetch_anchor must be 'start' or 'end', got '" + anchor + "'");
+}
+
 // Each edit of plan.edits in order; insertions carry their node as the
 // rewritten graph's JSON writes it.
 json edit_list(const PlanResult& result) {
@@ -79,7 +85,8 @@ void init_plan(py::module_& m) {
       "plan_activation_offload",
       [](const std::string& graph_json, const std::string& scope, std::int64_t host_budget_bytes,
          std::int64_t min_bytes, int prefetch_regions, const std::string& mode,
-         bool offload_tuple_outputs, bool dense_storages, bool replay_pointwise) {
+         bool offload_tuple_outputs, bool dense_storages, bool replay_pointwise,
+         const std::string& prefetch_anchor) {
         ActivationPlanOptions options;
         options.scope = scope;
         options.host_budget_bytes = host_budget_bytes;
@@ -90,6 +97,7 @@ void init_plan(py::module_& m) {
         options.replay_pointwise = replay_pointwise;
         try {
           options.mode = parse_mode(mode);
+          options.prefetch_anchor = parse_prefetch_anchor(prefetch_anchor);
           py::gil_scoped_release release;
           return plan_to_json(graph_json, options);
         } catch (const InvalidArgument& e) {
@@ -108,13 +116,16 @@ void init_plan(py::module_& m) {
       py::arg("offload_tuple_outputs") = ActivationPlanOptions{}.offload_tuple_outputs,
       py::arg("dense_storages") = ActivationPlanOptions{}.dense_storages,
       py::arg("replay_pointwise") = ActivationPlanOptions{}.replay_pointwise,
+      py::arg("prefetch_anchor") = "start",
       "Plans activation offload for a joint forward+backward graph given as Spillway graph "
       "JSON (docs/graph-format.md) and returns the plan as JSON text: the fields of "
       "`spillway plan --json` (decisions with rule names, offloads, counts) plus 'edit_list', "
       "the edits in application order (kind, source; insertions: the new node as the "
       "rewritten graph holds it, anchor, placement 'after'/'before'; redirects: reader, from, "
       "to). mode 'none' plans nothing; offload_tuple_outputs, dense_storages and "
-      "replay_pointwise are the ActivationPlanOptions of those names (include/spillway/plan.h). Raises ValueError for "
+      "replay_pointwise are the ActivationPlanOptions of those names (include/spillway/plan.h); "
+      "prefetch_anchor 'start' (default, the reference) or 'end' is "
+      "ActivationPlanOptions::prefetch_anchor kRegionStart / kRegionEnd. Raises ValueError for "
       "an option out of range, a scope that matches no module (the message names it) or an "
       "invalid graph (the message names the node), with the planner's own message.");
 }

@@ -326,7 +326,8 @@ def _check_options(plan_options: dict) -> None:
 
 
 def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: int = 0,
-            min_bytes: int = 1 << 20, prefetch: int = 1, offload_tuple_outputs: bool = False,
+            min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
+            offload_tuple_outputs: bool = False,
             dense_storages: bool = False, replay_pointwise: bool = True,
             backend: str = "inductor",
             dynamic: bool | None = None, **torch_compile_kwargs: Any) -> Any:
@@ -335,7 +336,17 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     scope: leaf module name whose activations may move ("self_attn", "mlp").
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
     min_bytes: smallest activation worth a transfer. prefetch: how many scope
-    regions early each reload starts. offload_tuple_outputs, dense_storages: the
+    regions early each reload starts. prefetch_anchor: where a prefetched
+    reload is issued: "end" (default) right after the last node of the scope
+    region `prefetch` regions earlier, so it overlaps the out-of-scope backward
+    that follows that region (the attention backward between two MLP regions)
+    without keeping the value resident during the region; "start" before the
+    region's first node, as the reference pass does (ActivationPlanOptions::
+    prefetch_anchor in include/spillway/plan.h). With scope "mlp", 4 layers,
+    prefetch 1, "start" left two layers' MLP values live at the backward's peak
+    (see test_cuda_offload_lowers_peak_memory). When scope regions follow each
+    other with no gap, "end" gives prefetch - 1 regions of lead.
+    offload_tuple_outputs, dense_storages: the
     planner's opt-in relaxations (include/spillway/plan.h): values whose last
     forward use returns a tuple (SDPA), and non-contiguous dense values (rotary
     Q/K) become offloadable. replay_pointwise: a cheap pointwise value of moved
@@ -352,6 +363,7 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     global _latest
     plan_options = {"scope": scope, "host_budget_bytes": host_budget_bytes,
                     "min_bytes": min_bytes, "prefetch_regions": prefetch,
+                    "prefetch_anchor": prefetch_anchor,
                     "offload_tuple_outputs": bool(offload_tuple_outputs),
                     "dense_storages": bool(dense_storages),
                     "replay_pointwise": bool(replay_pointwise)}

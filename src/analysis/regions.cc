@@ -16,9 +16,14 @@ Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& sc
       continue;
     }
     const std::string* root = scope.root_of(node);
-    if (root == nullptr || (previous_root != nullptr && *root == *previous_root)) continue;
+    if (root == nullptr) continue;
+    if (previous_root != nullptr && *root == *previous_root) {
+      regions.ends.back() = position;  // the open region goes on
+      continue;
+    }
     regions.by_root[*root].push_back(regions.anchors.size());
     regions.anchors.push_back(position);
+    regions.ends.push_back(position);
     previous_root = root;
   }
   return regions;

@@ -8,6 +8,14 @@
 // module reused by several blocks therefore opens one region per occurrence,
 // and region_of() maps a position to the occurrence it belongs to.
 //
+// A region ends at its last in-root node: the last backward call_function
+// (offload ops excluded) of the region's root before the next region opens,
+// or before the sequence ends. Nodes outside any root never end a region, so
+// an out-of-scope gap after a region's last in-root node is not part of it.
+// Such a gap does not reopen a region either: when the same root resumes after
+// a gap with no other root in between, the region goes on and ends at the
+// resumed part's last node, the gap inside it.
+//
 // Thread-safety: pure values and functions.
 
 #include <cstddef>
@@ -25,6 +33,9 @@ struct Regions {
   // Position (in the sequence given to find_regions) of each region's first
   // node, increasing.
   std::vector<std::size_t> anchors;
+  // Position of each region's last in-root node (see above), one per anchor:
+  // anchors[i] <= ends[i] < anchors[i + 1].
+  std::vector<std::size_t> ends;
   // For each root, the indices into `anchors` of its regions, increasing.
   std::unordered_map<std::string, std::vector<std::size_t>> by_root;
 };

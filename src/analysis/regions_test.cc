@@ -34,6 +34,7 @@ TEST(RegionsTest, ReusedModuleOpensOneRegionPerOccurrence) {
   ScopeRoots scope(g, "self_attn");
   Regions regions = find_regions(nodes_of(g), scope);
   EXPECT_THAT(regions.anchors, ElementsAre(a0.id, b0.id, a1.id));  // id == position here
+  EXPECT_THAT(regions.ends, ElementsAre(a0.id + 1, b0.id, a1.id));
   EXPECT_THAT(regions.by_root.at("m.shared.self_attn"), ElementsAre(0, 2));
   // A node of the shared module maps to the latest occurrence at or before it.
   EXPECT_EQ(region_of(regions, "m.shared.self_attn", a1.id), 2u);
@@ -54,12 +55,40 @@ TEST(RegionsTest, OutOfScopeGapDoesNotReopenARegionAndOffloadOpsAreSkipped) {
   b.within("m.l0.mlp");
   b.call("aten.neg.default", {x}, b.tensor({8}));
   b.within("m.l0.self_attn");
-  b.call("aten.neg.default", {x}, b.tensor({8}));
+  auto resumed = b.call("aten.neg.default", {x}, b.tensor({8}));
   Graph g = b.build();
   ScopeRoots scope(g, "self_attn");
   Regions regions = find_regions(nodes_of(g), scope);
   EXPECT_THAT(regions.anchors, ElementsAre(first.id));
+  // The gap sits inside the region: its root resumed after it.
+  EXPECT_THAT(regions.ends, ElementsAre(resumed.id));
   (void)fwd;
+}
+
+TEST(RegionsTest, ARegionEndsAtItsLastInRootNodeNotAtTheGapAfterIt) {
+  GraphBuilder b;
+  auto x = b.input("x", b.tensor({8}));
+  b.backward();
+  b.within("m.l1.mlp");
+  auto open1 = b.call("aten.neg.default", {x}, b.tensor({8}));
+  auto last1 = b.call("aten.neg.default", {x}, b.tensor({8}));
+  b.call(std::string(kReloadTarget), {x}, b.tensor({8}));  // offload op: no end
+  b.within("m.l1.self_attn");                              // out of scope: no end
+  b.call("aten.neg.default", {x}, b.tensor({8}));
+  b.module({});
+  b.call("aten.neg.default", {x}, b.tensor({8}));
+  b.within("m.l0.mlp");
+  auto open0 = b.call("aten.neg.default", {x}, b.tensor({8}));
+  b.within("m.l1.mlp");  // adjacent to the region before: no gap
+  auto open2 = b.call("aten.neg.default", {x}, b.tensor({8}));
+  b.module({});
+  b.call("aten.neg.default", {x}, b.tensor({8}));  // trailing gap
+  b.output({x});
+  Graph g = b.build();
+  ScopeRoots scope(g, "mlp");
+  Regions regions = find_regions(nodes_of(g), scope);
+  EXPECT_THAT(regions.anchors, ElementsAre(open1.id, open0.id, open2.id));
+  EXPECT_THAT(regions.ends, ElementsAre(last1.id, open0.id, open2.id));
 }
 
 }  // namespace

@@ -258,6 +258,47 @@ TEST_F(CliTest, InvalidOptionValuesExitOne) {
   EXPECT_EQ(min_bytes.err.rfind("[", 0), 0u) << min_bytes.err;
 }
 
+// The two self_attn regions follow each other (grad_1, then grad_0 and
+// grad_00). Anchored at region starts, both layer 0 reloads move before
+// grad_1; anchored at region ends, they go after grad_1: relu_0's reload
+// already sits there (not moved), mm_0's moves up behind it.
+TEST_F(CliTest, PrefetchAnchorEndIssuesReloadsAfterTheEarlierRegion) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const fs::path out = dir_ / "end.json";
+  const CliRun start = run("plan --json '" + graph.string() + "'");
+  const CliRun end = run("plan --json --prefetch-anchor end --emit-graph '" + out.string() +
+                         "' '" + graph.string() + "'");
+  ASSERT_EQ(start.exit_code, 0) << start.err;
+  ASSERT_EQ(end.exit_code, 0) << end.err;
+  const nlohmann::json before = nlohmann::json::parse(start.out);
+  const nlohmann::json after = nlohmann::json::parse(end.out);
+  EXPECT_EQ(before.at("prefetch_anchor"), "start");
+  EXPECT_EQ(after.at("prefetch_anchor"), "end");
+  EXPECT_EQ(before.at("reloads_prefetched").get<int>(), 2);
+  EXPECT_EQ(after.at("reloads_prefetched").get<int>(), 1);
+  const Graph rewritten = load_graph(out.string());
+  EXPECT_NO_THROW(verify_offload_graph(load_graph(graph.string()), rewritten));
+  std::size_t grad_1 = 0;
+  std::vector<std::size_t> layer0_reloads;
+  for (std::size_t i = 0; i < rewritten.nodes.size(); ++i) {
+    const Node& node = rewritten.nodes[i];
+    if (node.name == "grad_1") grad_1 = i;
+    if (node.name == "spillway_reload_mm_0" || node.name == "spillway_reload_relu_0") {
+      layer0_reloads.push_back(i);
+    }
+  }
+  ASSERT_EQ(layer0_reloads.size(), 2u);
+  EXPECT_EQ(layer0_reloads[0], grad_1 + 1);
+  EXPECT_EQ(layer0_reloads[1], grad_1 + 2);
+  EXPECT_NE(run("plan --prefetch-anchor end '" + graph.string() + "'").out.find(
+                "after the region's end"),
+            std::string::npos);
+  const CliRun bad = run("plan --prefetch-anchor middle '" + graph.string() + "'");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.err.rfind("[cli] --prefetch-anchor must be 'start' or 'end', got 'middle'", 0), 0u)
+      << bad.err;
+}
+
 TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(run("plan --no-such-flag").exit_code, 2);
   EXPECT_EQ(run("validate").exit_code, 2);

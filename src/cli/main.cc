@@ -93,6 +93,7 @@ struct PlanArgs {
   double host_budget_gib = 0.0;
   std::int64_t min_bytes = ActivationPlanOptions{}.min_bytes;
   int prefetch_regions = ActivationPlanOptions{}.prefetch_regions;
+  std::string prefetch_anchor = "start";
   bool offload_tuple_outputs = false;
   bool dense_storages = false;
   bool replay_pointwise = false;
@@ -120,6 +121,14 @@ ActivationPlanOptions to_options(const PlanArgs& args) {
   options.scope = args.scope;
   options.min_bytes = args.min_bytes;
   options.prefetch_regions = args.prefetch_regions;
+  if (args.prefetch_anchor == "start") {
+    options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionStart;
+  } else if (args.prefetch_anchor == "end") {
+    options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionEnd;
+  } else {
+    throw InvalidArgument("cli", "--prefetch-anchor must be 'start' or 'end', got '" +
+                                     args.prefetch_anchor + "'");
+  }
   options.offload_tuple_outputs = args.offload_tuple_outputs;
   options.dense_storages = args.dense_storages;
   options.replay_pointwise = args.replay_pointwise;
@@ -214,6 +223,11 @@ int main_impl(int argc, char** argv) {
                    "Smallest activation worth moving, in bytes (default 1048576)");
   plan->add_option("--prefetch-regions", plan_args.prefetch_regions,
                    "Start each reload this many scope regions early (default 1)");
+  plan->add_option("--prefetch-anchor", plan_args.prefetch_anchor,
+                   "start: issue a prefetched reload before the first node of the earlier "
+                   "region (the reference); end: after its last node, so the value is not "
+                   "resident while that region runs")
+      ->default_str("start");
   plan->add_flag("--offload-tuple-outputs", plan_args.offload_tuple_outputs,
                  "Also move values whose last forward use returns a tuple (SDPA): the "
                  "forward wait goes after that node's last getitem");

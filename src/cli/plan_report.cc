@@ -148,7 +148,11 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
       << human_bytes(plan.bytes_offloaded) << "\n";
   out << "host budget:        " << budget_text(plan.options.host_budget_bytes) << "\n";
   out << "reloads prefetched: " << plan.reloads_prefetched << " of " << plan.offloads.size() << " ("
-      << plan.options.prefetch_regions << " region(s) early)\n";
+      << plan.options.prefetch_regions << " region(s) early"
+      << (plan.options.prefetch_anchor == ActivationPlanOptions::PrefetchAnchor::kRegionEnd
+              ? ", after the region's end"
+              : "")
+      << ")\n";
   out << "nodes after edits:  " << result.graph.nodes.size() << " (+" << plan.edits.size()
       << " edits)\n";
 
@@ -283,6 +287,9 @@ std::string format_plan_json(const Graph& original, const PlanResult& result) {
       {"host_budget_bytes", plan.options.host_budget_bytes},
       {"min_bytes", plan.options.min_bytes},
       {"prefetch_regions", plan.options.prefetch_regions},
+      {"prefetch_anchor",
+       plan.options.prefetch_anchor == ActivationPlanOptions::PrefetchAnchor::kRegionEnd ? "end"
+                                                                                         : "start"},
       {"offload_tuple_outputs", plan.options.offload_tuple_outputs},
       {"dense_storages", plan.options.dense_storages},
       {"replay_pointwise", plan.options.replay_pointwise},

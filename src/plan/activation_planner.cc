@@ -103,6 +103,12 @@ void validate(const ActivationPlanOptions& options) {
   if (options.prefetch_regions < 0) {
     reject("prefetch_regions", std::to_string(options.prefetch_regions), "it must be >= 0");
   }
+  using PrefetchAnchor = ActivationPlanOptions::PrefetchAnchor;
+  if (options.prefetch_anchor != PrefetchAnchor::kRegionStart &&
+      options.prefetch_anchor != PrefetchAnchor::kRegionEnd) {
+    reject("prefetch_anchor", std::to_string(static_cast<int>(options.prefetch_anchor)),
+           "expected region start or region end");
+  }
   if (options.mode == ActivationMode::kScope && options.scope.empty()) {
     reject("scope", "''", "it must name a module (e.g. self_attn)");
   }
@@ -233,7 +239,7 @@ PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptio
     }
   }
   plan::OffloadRewrite rewrite = plan::build_offload_rewrite(
-      index, scope, chosen, options.prefetch_regions, replay);
+      index, scope, chosen, options.prefetch_regions, replay, options.prefetch_anchor);
   plan.replays = std::move(rewrite.replays);
   plan.offloads = std::move(rewrite.offloads);
   plan.edits = std::move(rewrite.edits);

@@ -95,6 +95,12 @@ void NodeSequence::move_before(NodeId anchor, NodeId id) {
   link_after(prev_[slot_of(anchor)], slot);
 }
 
+void NodeSequence::move_right_after(NodeId anchor, NodeId id) {
+  const std::int64_t slot = slot_of(id);
+  unlink(slot);
+  link_after(slot_of(anchor), slot);
+}
+
 std::vector<std::int64_t> NodeSequence::slot_order() const {
   std::vector<std::int64_t> out;
   out.reserve(ids_.size());

@@ -8,6 +8,7 @@
 //   insert_right_after(X, n) FX X.append(n) / inserting_after(X): just after X,
 //                            ahead of anything inserted there earlier
 //   move_before(X, n)        FX X.prepend(n) for a node already in the list
+//   move_right_after(X, n)   FX X.append(n) for a node already in the list
 //
 // All operations are O(1) expected. Naming an absent anchor throws
 // Error("[plan] internal error ..."): callers validate first. Not thread-safe.
@@ -38,6 +39,8 @@ class NodeSequence {
   void insert_before(NodeId anchor, NodeId id);
   void insert_right_after(NodeId anchor, NodeId id);
   void move_before(NodeId anchor, NodeId id);
+  // Preconditions for the moves: both present, `anchor` != `id`.
+  void move_right_after(NodeId anchor, NodeId id);
 
   std::vector<NodeId> order() const;
   // Slots: the i-th node given to the constructor has slot i; inserted nodes

@@ -33,5 +33,17 @@ TEST(NodeSequenceTest, BeforeAppendsToWhatIsAlreadyBeforeTheAnchor) {
   EXPECT_EQ(s.last(), 10);
 }
 
+TEST(NodeSequenceTest, MoveRightAfterGoesAheadOfWhatFollowsTheAnchor) {
+  NodeSequence s({1, 2, 3, 4});
+  s.move_right_after(1, 4);
+  EXPECT_THAT(s.order(), ElementsAre(1, 4, 2, 3));
+  s.move_right_after(3, 1);  // the head moves to the tail
+  EXPECT_THAT(s.order(), ElementsAre(4, 2, 3, 1));
+  EXPECT_EQ(s.previous(4), -1);
+  EXPECT_EQ(s.last(), 1);
+  s.move_right_after(3, 1);  // already there
+  EXPECT_THAT(s.order(), ElementsAre(4, 2, 3, 1));
+}
+
 }  // namespace
 }  // namespace spillway::plan

@@ -15,6 +15,8 @@
 namespace spillway::plan {
 namespace {
 
+using PrefetchAnchor = ActivationPlanOptions::PrefetchAnchor;
+
 OpSchema spillway_schema(std::vector<std::string> names) {
   OpSchema schema;
   schema.ns = "spillway";
@@ -59,7 +61,7 @@ class RewriteBuilder {
   }
 
   OffloadRewrite build(const std::vector<ChosenValue>& chosen, int prefetch_regions,
-                       const ReplaySelection& replay) {
+                       const ReplaySelection& replay, PrefetchAnchor prefetch_anchor) {
     OffloadRewrite out;
     extra_views_ = &replay.extra_views;
     for (const ChosenValue& value : chosen) out.offloads.push_back(add_forward(value));
@@ -68,7 +70,7 @@ class RewriteBuilder {
       Replay added = add_replay(choice);
       if (choice.facts != nullptr) out.replays.push_back(added);
     }
-    out.reloads_prefetched = prefetch(out.offloads, prefetch_regions);
+    out.reloads_prefetched = prefetch(out.offloads, prefetch_regions, prefetch_anchor);
     out.edits = express_as_edits();
     return out;
   }
@@ -319,7 +321,8 @@ class RewriteBuilder {
     return replay;
   }
 
-  std::int64_t prefetch(std::vector<Offload>& offloads, int regions_earlier) {
+  std::int64_t prefetch(std::vector<Offload>& offloads, int regions_earlier,
+                        PrefetchAnchor where) {
     if (regions_earlier <= 0 || scope_.empty() || offloads.empty()) return 0;
     const std::vector<NodeId> order = fx_.order();
     std::vector<const Node*> nodes;
@@ -334,6 +337,10 @@ class RewriteBuilder {
 
     std::unordered_map<NodeId, Offload*> by_reload;
     for (Offload& offload : offloads) by_reload[offload.reload_node] = &offload;
+    // kRegionEnd: the last reload moved after each region end, so the next
+    // one goes after it and moved reloads keep their graph order (as the
+    // reference's prepend keeps it for kRegionStart).
+    std::unordered_map<std::size_t, NodeId> last_after_end;
     std::int64_t moved = 0;
     for (std::size_t reload_position = 0; reload_position < nodes.size(); ++reload_position) {
       auto it = by_reload.find(nodes[reload_position]->id);
@@ -346,12 +353,36 @@ class RewriteBuilder {
       const std::size_t target = *region >= static_cast<std::size_t>(regions_earlier)
                                      ? *region - static_cast<std::size_t>(regions_earlier)
                                      : 0;
-      const std::size_t anchor_position = regions.anchors[target];
-      if (anchor_position >= reload_position) continue;
-      if (anchor_position <= position.get(offload.forward_wait_node)) continue;  // see header
-      const NodeId anchor = nodes[anchor_position]->id;
-      fx_.move_before(anchor, offload.reload_node);
-      pending_[edit_index_.at(offload.reload_node)].edit.anchor = anchor;
+      const std::size_t forward_wait_position = position.get(offload.forward_wait_node);
+      if (where == PrefetchAnchor::kRegionStart) {
+        const std::size_t anchor_position = regions.anchors[target];
+        if (anchor_position >= reload_position) continue;
+        if (anchor_position <= forward_wait_position) continue;  // see header
+        const NodeId anchor = nodes[anchor_position]->id;
+        fx_.move_before(anchor, offload.reload_node);
+        pending_[edit_index_.at(offload.reload_node)].edit.anchor = anchor;
+      } else {
+        // Right after the region's last in-root node. Positions are those of
+        // the graph before any move, so `end + 1 == reload_position` means
+        // the reload already follows the end: nothing to move.
+        const std::size_t end_position = regions.ends[target];
+        if (end_position >= reload_position) continue;
+        if (end_position < forward_wait_position) continue;  // see header
+        auto last = last_after_end.try_emplace(target, nodes[end_position]->id).first;
+        if (end_position + 1 == reload_position || fx_.next(last->second) == offload.reload_node) {
+          last->second = offload.reload_node;  // already there: later ones go after it
+          continue;
+        }
+        fx_.move_right_after(last->second, offload.reload_node);
+        // The edit says "after the region end"; express_as_edits re-anchors
+        // it if that is not where applying the edits in order would put it
+        // (the end is a node a later edit inserts, or other nodes were
+        // inserted after it).
+        Edit& edit = pending_[edit_index_.at(offload.reload_node)].edit;
+        edit.anchor = nodes[end_position]->id;
+        edit.placement = Placement::kAfter;
+        last->second = offload.reload_node;
+      }
       offload.prefetched = true;
       ++moved;
     }
@@ -446,8 +477,9 @@ OpSchema wait_schema() { return spillway_schema({"tensor", "keepalive", "last_us
 OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const analysis::ScopeRoots& scope,
                                      const std::vector<ChosenValue>& chosen, int prefetch_regions,
-                                     const ReplaySelection& replay) {
-  return RewriteBuilder(index, scope).build(chosen, prefetch_regions, replay);
+                                     const ReplaySelection& replay,
+                                     ActivationPlanOptions::PrefetchAnchor prefetch_anchor) {
+  return RewriteBuilder(index, scope).build(chosen, prefetch_regions, replay, prefetch_anchor);
 }
 
 }  // namespace spillway::plan

@@ -36,7 +36,10 @@
 //     (an offloaded input's reload and wait sit before its reload_before
 //     node when a replay needs it before its first backward reader);
 //   then every new reload is moved `prefetch_regions` scope regions earlier
-//   (regions located on the rewritten graph; see analysis/regions.h).
+//   (regions located on the rewritten graph; see analysis/regions.h): before
+//   the first node of that region (kRegionStart, the reference), or right
+//   after its last in-root node and the reloads already moved there, in graph
+//   order (kRegionEnd; ActivationPlanOptions::prefetch_anchor).
 //
 // FX inserts "after X" immediately after X, ahead of nodes inserted there
 // before, and the prefetch moves nodes; plan.h edits only insert, with a
@@ -97,7 +100,9 @@ struct OffloadRewrite {
 OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const analysis::ScopeRoots& scope,
                                      const std::vector<ChosenValue>& chosen, int prefetch_regions,
-                                     const ReplaySelection& replay = {});
+                                     const ReplaySelection& replay = {},
+                                     ActivationPlanOptions::PrefetchAnchor prefetch_anchor =
+                                         ActivationPlanOptions::PrefetchAnchor::kRegionStart);
 
 // The schemas a rewritten graph records for the spillway targets.
 OpSchema offload_schema();

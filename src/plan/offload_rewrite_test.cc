@@ -201,10 +201,13 @@ TEST(OffloadRewriteTest, BackwardReaderOfATransposeReadsAReplayedView) {
 // Layers in forward, backward in reverse order with an MLP node between
 // regions. With `reader_opens_region` the saved value's reader is the first
 // node of its backward region; otherwise another node opens the region.
+// `last` is each layer's last in-scope backward node (its region's end);
+// without `mlp_gaps` the regions follow each other with no node between them.
 struct LayeredGraph {
   GraphBuilder b{"layers"};
-  std::vector<NodeRef> q, grad, opener;
-  explicit LayeredGraph(std::vector<std::string> roots, bool reader_opens_region = true) {
+  std::vector<NodeRef> q, grad, opener, last;
+  explicit LayeredGraph(std::vector<std::string> roots, bool reader_opens_region = true,
+                        bool mlp_gaps = true) {
     auto x = b.input("x", two_mib());
     for (std::size_t i = 0; i < roots.size(); ++i) {
       b.within(roots[i]);
@@ -214,11 +217,13 @@ struct LayeredGraph {
     b.backward();
     grad.resize(roots.size());
     opener.resize(roots.size());
+    last.resize(roots.size());
     for (std::size_t i = roots.size(); i-- > 0;) {
       b.within(roots[i]);
       if (!reader_opens_region) opener[i] = b.call("aten.neg.default", {x}, two_mib());
       grad[i] = b.named("grad" + std::to_string(i)).call("aten.mm.default", {q[i], x}, two_mib());
-      b.call("aten.neg.default", {grad[i]}, two_mib());
+      last[i] = b.call("aten.neg.default", {grad[i]}, two_mib());
+      if (!mlp_gaps) continue;
       b.within("model.mlp");
       b.call("aten.neg.default", {grad[i]}, two_mib());
     }
@@ -318,6 +323,147 @@ TEST(OffloadRewriteTest, ReloadPrefetchedOntoAReplayOfALaterOffload) {
   const std::size_t replay = position_of(r.graph, node_named(r.graph, "spillway_replay_v1").id);
   EXPECT_EQ(position_of(r.graph, first.reload_node) + 1, replay);
   EXPECT_TRUE(reads(node_with_id(r.graph, g1.id), node_named(r.graph, "spillway_replay_v1").id));
+}
+
+// ActivationPlanOptions::prefetch_anchor = kRegionEnd: a prefetched reload is
+// issued right after the last in-scope node of the region `prefetch_regions`
+// earlier, so it overlaps the out-of-scope gap (here an MLP node) but is not
+// resident during that region.
+TEST(OffloadRewriteTest, RegionEndAnchorIssuesTheReloadAfterTheEarlierRegion) {
+  LayeredGraph l({"m.layers.0.self_attn", "m.layers.1.self_attn", "m.layers.2.self_attn"});
+  Graph g = l.b.build();
+  for (int regions : {1, 2}) {
+    SCOPED_TRACE("prefetch " + std::to_string(regions));
+    ActivationPlanOptions options;
+    options.prefetch_regions = regions;
+    options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionEnd;
+    PlanResult r = plan_and_check(g, options);
+    ASSERT_EQ(r.plan.offloads.size(), 3u);
+    auto at = [&](NodeId id) { return position_of(r.graph, id); };
+    auto reload_of = [&](int layer) {
+      return offload_of(r.plan, l.q[static_cast<std::size_t>(layer)].id).reload_node;
+    };
+    // Backward regions run layer 2, 1, 0. Layer 2's value (region 0) has no
+    // earlier region: it stays before its reader.
+    EXPECT_FALSE(offload_of(r.plan, l.q[2].id).prefetched);
+    EXPECT_EQ(at(reload_of(2)) + 2, at(l.grad[2].id));  // reload, wait, reader
+    EXPECT_EQ(r.plan.reloads_prefetched, 2);
+    if (regions == 1) {
+      // Layer L's reload right after layer L+1's region: after its last node,
+      // before the MLP gap, and after every node of that region.
+      for (int layer : {0, 1}) {
+        EXPECT_TRUE(offload_of(r.plan, l.q[static_cast<std::size_t>(layer)].id).prefetched);
+        EXPECT_EQ(at(reload_of(layer)), at(l.last[static_cast<std::size_t>(layer) + 1].id) + 1);
+        EXPECT_GT(at(reload_of(layer)), at(l.grad[static_cast<std::size_t>(layer) + 1].id));
+      }
+    } else {
+      // Region 2 - 2 = 0 for layer 0; layer 1 clamps to region 0 too. Both
+      // follow layer 2's region in graph order (layer 1's reload first).
+      EXPECT_EQ(at(reload_of(1)), at(l.last[2].id) + 1);
+      EXPECT_EQ(at(reload_of(0)), at(l.last[2].id) + 2);
+    }
+    // The edits say so: after the region's last node.
+    for (int layer : {0, 1}) {
+      if (regions != 1) break;
+      for (const Edit& e : r.plan.edits) {
+        if (e.kind != EditKind::kReload || e.node.id != reload_of(layer)) continue;
+        EXPECT_EQ(e.placement, Placement::kAfter);
+        EXPECT_EQ(e.anchor, l.last[static_cast<std::size_t>(layer) + 1].id);
+      }
+    }
+  }
+}
+
+TEST(OffloadRewriteTest, RegionStartAnchorIsTheDefaultAndTheReference) {
+  LayeredGraph l({"m.layers.0.self_attn", "m.layers.1.self_attn", "m.layers.2.self_attn"},
+                 /*reader_opens_region=*/false);
+  Graph g = l.b.build();
+  ActivationPlanOptions options;
+  EXPECT_EQ(options.prefetch_anchor, ActivationPlanOptions::PrefetchAnchor::kRegionStart);
+  PlanResult by_default = plan_and_check(g, options);
+  options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionStart;
+  PlanResult start = plan_and_check(g, options);
+  EXPECT_EQ(start.graph, by_default.graph);
+  // Layer 0's reload before the first node of layer 1's region; end
+  // anchoring puts it after that region's last node instead.
+  const NodeId reload0 = offload_of(start.plan, l.q[0].id).reload_node;
+  EXPECT_EQ(position_of(start.graph, reload0) + 1, position_of(start.graph, l.opener[1].id));
+  options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionEnd;
+  PlanResult end = plan_and_check(g, options);
+  EXPECT_EQ(position_of(end.graph, offload_of(end.plan, l.q[0].id).reload_node),
+            position_of(end.graph, l.last[1].id) + 1);
+}
+
+// With no gap between regions, the end of region k - 1 is where region k
+// starts: prefetch 1 leaves a reload that already sits there in place (not
+// prefetched), prefetch 2 gives one region of lead.
+TEST(OffloadRewriteTest, RegionEndAnchorOnAdjacentRegionsGivesOneRegionLessLead) {
+  LayeredGraph l({"m.layers.0.self_attn", "m.layers.1.self_attn", "m.layers.2.self_attn"},
+                 /*reader_opens_region=*/true, /*mlp_gaps=*/false);
+  Graph g = l.b.build();
+  ActivationPlanOptions options;
+  options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionEnd;
+  options.prefetch_regions = 1;
+  PlanResult one = plan_and_check(g, options);
+  EXPECT_EQ(one.plan.reloads_prefetched, 0);
+  for (std::size_t layer = 0; layer < 3; ++layer) {
+    const Offload& o = offload_of(one.plan, l.q[layer].id);
+    EXPECT_EQ(position_of(one.graph, o.reload_node) + 2, position_of(one.graph, l.grad[layer].id));
+  }
+  options.prefetch_regions = 2;
+  PlanResult two = plan_and_check(g, options);
+  // Layer 1's reload (region 1 clamps to region 0) already follows region 0:
+  // not moved; layer 0's goes after it.
+  EXPECT_EQ(two.plan.reloads_prefetched, 1);
+  EXPECT_FALSE(offload_of(two.plan, l.q[1].id).prefetched);
+  const Offload& layer0 = offload_of(two.plan, l.q[0].id);
+  EXPECT_TRUE(layer0.prefetched);
+  EXPECT_EQ(position_of(two.graph, layer0.reload_node), position_of(two.graph, l.last[2].id) + 2);
+  EXPECT_LT(position_of(two.graph, layer0.reload_node), position_of(two.graph, l.grad[1].id));
+}
+
+TEST(OffloadRewriteTest, RegionEndOnAReplayOfALaterOffloadIsReanchored) {
+  // a0 (4 MiB, layer 0) is planned first, a1 (2 MiB, layer 1) second. Layer
+  // 1's region opens with h1; a1's first backward reader g1 is outside any
+  // scope and reads a transpose of a1, so the replayed transpose (layer 1's
+  // module stack) sits before g1 and is the last node of layer 1's region.
+  // a0's reload, anchored after that region's end, lands right after the
+  // replay: on a node a later edit inserts, so its edit anchors before g1.
+  GraphBuilder b("end on a replay");
+  auto x = b.input("x", GraphBuilder::tensor({1024, 2048}));
+  auto w = b.input("w", GraphBuilder::tensor({2048, 2048}));
+  b.within("model.layers.0.self_attn");
+  auto a0 = b.named("a0").call("aten.mm.default", {x, w}, GraphBuilder::tensor({1024, 2048}));
+  auto r0 = b.named("r0").call("aten.relu.default", {a0}, GraphBuilder::tensor({1024, 2048}));
+  b.within("model.layers.1.self_attn");
+  auto a1 = b.named("a1").call("aten.relu.default", {r0}, two_mib());
+  auto v1 = b.named("v1").view("aten.t.default", a1, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
+  auto r1 = b.named("r1").call("aten.relu.default", {a1}, two_mib());
+  b.backward().within("model.layers.1.self_attn");
+  b.named("h1").call("aten.neg.default", {r1}, two_mib());
+  b.module({});
+  auto g1 = b.named("g1").call("aten.neg.default", {v1}, two_mib());
+  b.within("model.layers.0.self_attn");
+  auto g0 = b.named("g0").call("aten.mul.Tensor", {a0, g1}, GraphBuilder::tensor({1024, 2048}));
+  b.module({});
+  b.output({r1, g0});
+  const Graph g = b.build();
+
+  ActivationPlanOptions options;
+  options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionEnd;
+  const PlanResult r = plan_and_check(g, options);
+  ASSERT_EQ(r.plan.offloads.size(), 2u);
+  const Offload& first = offload_of(r.plan, a0.id);
+  EXPECT_TRUE(first.prefetched);
+  EXPECT_FALSE(offload_of(r.plan, a1.id).prefetched);  // no region before its own
+  const NodeId replay = node_named(r.graph, "spillway_replay_v1").id;
+  EXPECT_EQ(position_of(r.graph, first.reload_node), position_of(r.graph, replay) + 1);
+  EXPECT_LT(position_of(r.graph, first.reload_node), position_of(r.graph, g1.id));
+  for (const Edit& e : r.plan.edits) {
+    if (e.node.id != first.reload_node) continue;
+    EXPECT_EQ(e.anchor, g1.id);
+    EXPECT_EQ(e.placement, Placement::kBefore);
+  }
 }
 
 }  // namespace

@@ -36,6 +36,9 @@ TEST(PlanOptionsTest, NegativeOptionsAreRejectedByName) {
   options = {};
   options.scope = "";
   EXPECT_THAT(error_of(g, options), HasSubstr("[plan] option scope is ''"));
+  options = {};
+  options.prefetch_anchor = static_cast<ActivationPlanOptions::PrefetchAnchor>(7);
+  EXPECT_THAT(error_of(g, options), HasSubstr("[plan] option prefetch_anchor is 7"));
 }
 
 TEST(PlanOptionsTest, ScopeThatMatchesNothingNamesScopeAndGraph) {

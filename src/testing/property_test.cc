@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -431,6 +432,47 @@ TEST(PlannerProperties, HoldWithPointwiseReplays) {
   if (count >= 500) EXPECT_GT(replays, 0) << "no random graph replayed a value";
   std::printf("%lld replays in %llu graphs\n", static_cast<long long>(replays),
               static_cast<unsigned long long>(count));
+}
+
+// The same graphs with reloads prefetched to region ends: every plan passes
+// the oracle (and so verify_offload_graph), and each prefetched reload
+// follows, past other reloads only, an in-scope backward node (the end of
+// the region it was anchored to).
+TEST(PlannerProperties, HoldWithPrefetchAnchoredAtRegionEnds) {
+  const std::uint64_t count = env_or("SPILLWAY_PROPERTY_GRAPHS", kDefaultGraphs);
+  const std::uint64_t first_seed = env_or("SPILLWAY_PROPERTY_SEED", kDefaultSeed);
+  auto at_end = [](std::uint64_t seed) {
+    ActivationPlanOptions options = make_random_plan_options(seed);
+    options.prefetch_anchor = ActivationPlanOptions::PrefetchAnchor::kRegionEnd;
+    return options;
+  };
+  const Sweep sweep = run_sweep(first_seed, count, at_end);
+  if (count >= 500) {
+    EXPECT_GT(sweep.total_prefetched, 0);
+  }
+  std::int64_t checked = 0;
+  for (std::uint64_t seed = first_seed; seed < first_seed + std::min<std::uint64_t>(count, 1000);
+       ++seed) {
+    const Graph graph = make_random_joint_graph(seed);
+    const ActivationPlanOptions options = at_end(seed);
+    const PlanResult result = plan_activation_offload(graph, options);
+    for (const Offload& offload : result.plan.offloads) {
+      if (!offload.prefetched) continue;
+      std::size_t at = 0;
+      while (result.graph.nodes[at].id != offload.reload_node) ++at;
+      while (at > 0 && result.graph.nodes[at - 1].target == kReloadTarget) --at;
+      ASSERT_GT(at, 0u) << "seed " << seed;
+      const Node& end = result.graph.nodes[at - 1];
+      EXPECT_TRUE(end.kind == NodeKind::kCallFunction && end.phase == Phase::kBackward &&
+                  end.target != kWaitTarget && in_scope(end, options.scope))
+          << "seed " << seed << ": prefetched reload of node " << offload.producer
+          << " follows " << end.name;
+      ++checked;
+    }
+  }
+  if (count >= 500) {
+    EXPECT_GT(checked, 0);
+  }
 }
 
 }  // namespace
