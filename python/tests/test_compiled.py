@@ -516,22 +516,17 @@ def _peak_training_memory(model, run, ids):
 
 
 @needs_cuda
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on the H200 2026-11-29 (torch 2.11): 512 MiB planned, peak fell only "
-    "67 MB (785.8 -> 718.9 MB); on T1 11.0 GiB planned, peak fell 8.25 GiB. Same shapes "
-    "on CPU Inductor (torch 2.13, live bytes of the generated call() frames): the forward "
-    "saves 384 MiB less, not 512 (the SiLU output, 128 MiB planned, is one the compiled "
-    "model without offload recomputes: T1's 8.25 of 11.0 GiB is the same 3/4); backward "
-    "peak 682.9 MiB without offload, 843.2 MiB with it while Inductor hoisted the reloads, "
-    "590.5 MiB with them kept in place (a 92 MiB fall): prefetch_regions=1 reloads a "
-    "layer's MLP values at the start of the next layer's MLP backward, so two layers' "
-    "values are live at its peak (prefetch=0: 394.9 MiB), a planner change. That change: "
-    "compile() now defaults to prefetch_anchor='end' (reload after the previous MLP "
-    "region, during the attention backward): CPU backward peak 471.0 MiB, with "
-    "replay_pointwise on or off (start: 523.2 / 590.5 MiB; "
-    "bench/results/2026-11-29-prefetch-anchor-cpu.md); not yet measured on the H200, "
-    "where this xfail must go if the test now passes"))
 def test_cuda_offload_lowers_peak_memory():
+    # History (H200, torch 2.11, 2026-11-29): with the SiLU output moved and
+    # every reload hoisted to the start of backward by Inductor's peak-memory
+    # reordering, 512 MiB planned lowered the peak by only 67 MB (a strict xfail
+    # then). Since reloads keep the plan's place (146dfa9), pointwise values are
+    # replayed instead of moved and prefetched reloads follow the previous MLP
+    # region (prefetch_anchor="end"), it passes there; on CPU Inductor the
+    # backward peak falls from 682.9 to 471.0 MiB for 256 MiB moved
+    # (bench/results/2026-11-29-prefetch-anchor-cpu.md), and on T1 the peak
+    # falls 8.25 GiB for 5.50 GiB moved
+    # (bench/results/2026-11-29-t1-compiled-replay-h200.md).
     base = _tiny_llama(hidden=512, intermediate=2048, layers=4).to("cuda", torch.bfloat16)
     ids = _ids(2048, batch=4, device="cuda")
 
