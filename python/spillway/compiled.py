@@ -65,6 +65,7 @@ import torch.fx
 from spillway import _C
 from spillway import ops as _ops  # registers the fake kernels  # noqa: F401
 from spillway._compiled_apply import EditReplayer
+from spillway._compiled_cse import merge_common_subexpressions
 from spillway.fx_export import export_graph_module
 
 __all__ = ["CompiledPlan", "compile", "last_plans", "spillway_op_counts"]
@@ -188,6 +189,9 @@ class _Session:
 
     def joint_pass(self, graph: torch.fx.Graph) -> None:
         gm = graph.owning_module
+        # The partitioner's CSE would merge values the plan moves separately
+        # (and then their offloads): merge them first (_compiled_cse.py).
+        merged = merge_common_subexpressions(graph)
         exported = export_graph_module(gm, module_names=self.module_names,
                                        name="torch.compile joint graph")
         try:
@@ -197,6 +201,7 @@ class _Session:
         plan = json.loads(plan_json)
         if plan["edit_list"]:
             EditReplayer(graph).apply(plan["edit_list"])
+        if plan["edit_list"] or merged:
             graph.lint()
             gm.recompile()
         record = CompiledPlan(plan)

@@ -416,6 +416,54 @@ def test_inplace_write_after_a_save(delay=8):
     assert {"relu", "add"} <= set(plans[0].chosen), plans[0].chosen
 
 
+# ---- 8b: values the partitioner's CSE merges ----------------------------------------------
+
+
+class MaskedMlp(Mlp):
+    """Every layer rebuilds the same bias from the model's mask (as SDPA's CUDA kernels
+    turn a boolean attention mask into an additive bias in each layer)."""
+
+    def forward(self, x, mask):
+        bias = torch.where(mask.repeat(1, 2), 1.0, 0.5)  # the same in every layer
+        return self.down(torch.tanh(self.up(x) * bias))  # the product saves bias
+
+
+class MaskedBlock(Block):
+    def __init__(self):
+        super().__init__(MaskedMlp)
+
+    def forward(self, x, mask):
+        return x + self.mlp(torch.sigmoid(self.pre(x)), mask)
+
+
+class MaskedToy(nn.Module):
+    def __init__(self, layers=2, seed=0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.blocks = nn.ModuleList(MaskedBlock() for _ in range(layers))
+            self.head = nn.Linear(D, 1)
+
+    def forward(self, x):
+        mask = x > 0
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x).square().mean()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_values_common_subexpression_elimination_merges_move_once(backend):
+    # Found on the H200 (2026-11-29): the partitioner's CSE merged two layers'
+    # identical mask biases after the plan had offloaded both, so one offload
+    # fed two forward waits and the second raised "no offload or reload into
+    # it is in flight". spillway.compile merges them before planning now.
+    plans = _compare(MaskedToy(),
+                     lambda model, run: _train(model, run, [_input(s) for s in range(2)]),
+                     backend=backend, delay=5)
+    biases = [name for name in plans[0].chosen if name.startswith("where")]
+    assert len(biases) == 1, plans[0].chosen
+
+
 # ---- 9: dynamic shapes -----------------------------------------------------------------
 
 

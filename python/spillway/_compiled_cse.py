@@ -1,0 +1,86 @@
+"""Merge the joint graph's common subexpressions in place, before planning.
+
+aot_autograd's min-cut partitioner runs fx_graph_cse on the joint graph after
+spillway's pass. If two nodes the planner moved separately are the same
+expression (every layer turning one boolean attention mask into the same
+additive bias, as SDPA's CUDA kernels do), that CSE merges them and then their
+two spillway.offload calls (now with one argument), leaving one transfer for
+two forward waits: the second wait raises "no offload or reload into it is in
+flight". Found on the H200 with offload_tuple_outputs (2026-11-29).
+
+merge_common_subexpressions() applies the same merges first, in place, with
+the partitioner's rules (torch._functorch.compile_utils.fx_graph_cse: never
+placeholders, outputs, get_attr, random ops, aten.empty, values aliasing a
+graph output, unbacked symbols; only within one mutation region), and in
+addition never a node with side effects. The planner then sees each value
+once, moves it once, and the partitioner's own CSE finds nothing more to
+merge among the moved values. The graph computes the same values: merged
+nodes are the same op on the same inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten
+
+
+def _storage(node: torch.fx.Node) -> StorageWeakRef | None:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(val.untyped_storage())
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
+def _flat(args: Any) -> tuple[tuple, Any]:
+    flat, spec = tree_flatten(args)
+    return tuple(a.node if isinstance(a, (torch.SymInt, torch.SymBool, torch.SymFloat)) else a
+                 for a in flat), spec
+
+
+def merge_common_subexpressions(graph: torch.fx.Graph) -> int:
+    """Replaces each repeated expression by its first occurrence; returns how many went."""
+    from torch._functorch.compile_utils import get_aten_target, rand_ops
+    from torch._inductor.pattern_matcher import compute_mutation_region_ids, same_mutation_regions
+
+    compute_mutation_region_ids(graph)
+    output = next(iter(reversed(graph.nodes)))
+    output_storages = {s for n in output.all_input_nodes if (s := _storage(n)) is not None}
+    seen: dict[tuple, tuple[tuple, torch.fx.Node]] = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.is_impure():
+            continue
+        target = get_aten_target(node)
+        if target in rand_ops or target is torch.ops.aten.empty:
+            continue
+        storage = _storage(node)
+        if storage is not None and storage in output_storages:
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, (torch.SymInt, sympy.Symbol)) and free_unbacked_symbols(val):
+            continue
+        args, args_spec = _flat(node.args)
+        kwargs, kwargs_spec = _flat(node.kwargs)
+        token = (node.target, args, args_spec, kwargs, kwargs_spec)
+        try:
+            key = (node.target, hash((tuple((a, type(a)) for a in args),
+                                      tuple((a, type(a)) for a in kwargs))))
+        except TypeError:  # an unhashable literal: leave it to the partitioner
+            continue
+        earlier = seen.get(key)
+        if earlier is not None and earlier[0] == token:
+            if same_mutation_regions(node, earlier[1]):
+                node.replace_all_uses_with(earlier[1])
+                graph.erase_node(node)
+                merged += 1
+                continue
+        seen[key] = (token, node)
+    return merged
