@@ -293,21 +293,30 @@ TEST(OffloadRewriteTest, ReloadBeforeItsRegionCountsFromThePreviousOccurrence) {
   EXPECT_LT(position_of(r.graph, layer0.reload_node), position_of(r.graph, l.grad[2].id));
 }
 
+// The forward both tests below share: a0 (4 MiB, layer 0) then a1 (2 MiB,
+// layer 1), whose backward reads a transpose v1 of it; r1 is the output.
+struct TransposedLayers {
+  explicit TransposedLayers(GraphBuilder& b) {
+    auto x = b.input("x", GraphBuilder::tensor({1024, 2048}));
+    auto w = b.input("w", GraphBuilder::tensor({2048, 2048}));
+    b.within("model.layers.0.self_attn");
+    a0 = b.named("a0").call("aten.mm.default", {x, w}, GraphBuilder::tensor({1024, 2048}));
+    auto r0 = b.named("r0").call("aten.relu.default", {a0}, GraphBuilder::tensor({1024, 2048}));
+    b.within("model.layers.1.self_attn");
+    a1 = b.named("a1").call("aten.relu.default", {r0}, two_mib());
+    v1 = b.named("v1").view("aten.t.default", a1, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
+    r1 = b.named("r1").call("aten.relu.default", {a1}, two_mib());
+  }
+  NodeRef a0, a1, v1, r1;
+};
+
 TEST(OffloadRewriteTest, ReloadPrefetchedOntoAReplayOfALaterOffload) {
   // a0 (4 MiB, layer 0) is planned first, a1 (2 MiB, layer 1) second. a1's
   // backward reads a transpose of it first thing in layer 1's backward region,
   // so the replayed transpose opens that region, and a0's reload, prefetched
   // one region early, lands just before it: on a node a later edit inserts.
   GraphBuilder b("prefetch onto a replay");
-  auto x = b.input("x", GraphBuilder::tensor({1024, 2048}));
-  auto w = b.input("w", GraphBuilder::tensor({2048, 2048}));
-  b.within("model.layers.0.self_attn");
-  auto a0 = b.named("a0").call("aten.mm.default", {x, w}, GraphBuilder::tensor({1024, 2048}));
-  auto r0 = b.named("r0").call("aten.relu.default", {a0}, GraphBuilder::tensor({1024, 2048}));
-  b.within("model.layers.1.self_attn");
-  auto a1 = b.named("a1").call("aten.relu.default", {r0}, two_mib());
-  auto v1 = b.named("v1").view("aten.t.default", a1, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
-  auto r1 = b.named("r1").call("aten.relu.default", {a1}, two_mib());
+  const auto [a0, a1, v1, r1] = TransposedLayers(b);
   b.backward().within("model.layers.1.self_attn");
   auto g1 = b.named("g1").call("aten.neg.default", {v1}, two_mib());
   b.within("model.layers.0.self_attn");
@@ -430,15 +439,7 @@ TEST(OffloadRewriteTest, RegionEndOnAReplayOfALaterOffloadIsReanchored) {
   // a0's reload, anchored after that region's end, lands right after the
   // replay: on a node a later edit inserts, so its edit anchors before g1.
   GraphBuilder b("end on a replay");
-  auto x = b.input("x", GraphBuilder::tensor({1024, 2048}));
-  auto w = b.input("w", GraphBuilder::tensor({2048, 2048}));
-  b.within("model.layers.0.self_attn");
-  auto a0 = b.named("a0").call("aten.mm.default", {x, w}, GraphBuilder::tensor({1024, 2048}));
-  auto r0 = b.named("r0").call("aten.relu.default", {a0}, GraphBuilder::tensor({1024, 2048}));
-  b.within("model.layers.1.self_attn");
-  auto a1 = b.named("a1").call("aten.relu.default", {r0}, two_mib());
-  auto v1 = b.named("v1").view("aten.t.default", a1, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
-  auto r1 = b.named("r1").call("aten.relu.default", {a1}, two_mib());
+  const auto [a0, a1, v1, r1] = TransposedLayers(b);
   b.backward().within("model.layers.1.self_attn");
   b.named("h1").call("aten.neg.default", {r1}, two_mib());
   b.module({});
