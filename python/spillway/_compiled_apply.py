@@ -165,21 +165,21 @@ class EditReplayer:
         # pointwise copy names it as its source) and remapped its node inputs; its
         # literals (SymInts included) are taken from that node.
         if edit["kind"] == "replay_op":
-            view = self.node(edit["source"], index)
-            view_name = view.name
+            copied = self.node(edit["source"], index)
+            copied_name = copied.name
         else:
-            view_name = node["name"].removeprefix(_REPLAY_PREFIX)
-            view = self.by_name.get(view_name)
-        if view is None or view.op != "call_function":
-            raise EditError(f"[compiled] edit {index} replays '{view_name}', which the FX "
+            copied_name = node["name"].removeprefix(_REPLAY_PREFIX)
+            copied = self.by_name.get(copied_name)
+        if copied is None or copied.op != "call_function":
+            raise EditError(f"[compiled] edit {index} replays '{copied_name}', which the FX "
                             "graph does not have")
-        if target_name != target_string(view):
-            raise EditError(f"[compiled] edit {index} replays '{view_name}' as {target_name}, "
-                            f"but the FX node calls {target_string(view)}")
-        args = tuple(self._decode(a, o, index) for a, o in zip(node["args"], view.args))
-        kwargs = {k: self._decode(v, view.kwargs.get(k), index)
+        if target_name != target_string(copied):
+            raise EditError(f"[compiled] edit {index} replays '{copied_name}' as {target_name}, "
+                            f"but the FX node calls {target_string(copied)}")
+        args = tuple(self._decode(a, o, index) for a, o in zip(node["args"], copied.args))
+        kwargs = {k: self._decode(v, copied.kwargs.get(k), index)
                   for k, v in node["kwargs"].items()}
-        return view.target, args, kwargs, view
+        return copied.target, args, kwargs, copied
 
     def _insert(self, edit: dict, index: int) -> torch.fx.Node:
         node = edit["node"]
