@@ -8,14 +8,23 @@ two spillway.offload calls (now with one argument), leaving one transfer for
 two forward waits: the second wait raises "no offload or reload into it is in
 flight". Found on the H200 with offload_tuple_outputs (2026-11-29).
 
-merge_common_subexpressions() applies the same merges first, in place, with
-the partitioner's rules (torch._functorch.compile_utils.fx_graph_cse: never
+merge_common_subexpressions() applies the same merges among forward nodes
+first, in place, with the partitioner's rules (torch._functorch.compile_utils.fx_graph_cse: never
 placeholders, outputs, get_attr, random ops, aten.empty, values aliasing a
 graph output, unbacked symbols; only within one mutation region), and in
 addition never a node with side effects. The planner then sees each value
 once, moves it once, and the partitioner's own CSE finds nothing more to
 merge among the moved values. The graph computes the same values: merged
 nodes are the same op on the same inputs.
+
+Only forward nodes merge. A backward node that repeats a forward expression
+(the fp32 upcast of a bf16 gate projection, which SiLU's backward recomputes)
+merged into its forward twin would make the forward value a saved activation
+the plan then moves (on T1, 2026-11-30: the 352 MiB fp32 upcast of each
+layer's gate projection moved instead of the 176 MiB projection, 8.25 GiB in
+all instead of 5.50 GiB, 1.82x torch.compile instead of 1.38x). Left apart,
+the backward twin reads the projection, which the plan redirects to its
+reload; the partitioner's CSE then sees two different inputs and keeps both.
 """
 
 from __future__ import annotations
@@ -50,13 +59,16 @@ def merge_common_subexpressions(graph: torch.fx.Graph) -> int:
     from torch._functorch.compile_utils import get_aten_target, rand_ops
     from torch._inductor.pattern_matcher import compute_mutation_region_ids, same_mutation_regions
 
+    from spillway.fx_export._serialize import phases_of
+
     compute_mutation_region_ids(graph)
+    phases = phases_of(graph)
     output = next(iter(reversed(graph.nodes)))
     output_storages = {s for n in output.all_input_nodes if (s := _storage(n)) is not None}
     seen: dict[tuple, tuple[tuple, torch.fx.Node]] = {}
     merged = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.is_impure():
+        if node.op != "call_function" or node.is_impure() or phases[node] != "forward":
             continue
         target = get_aten_target(node)
         if target in rand_ops or target is torch.ops.aten.empty:

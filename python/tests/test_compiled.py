@@ -193,6 +193,27 @@ def test_bf16_inductor_is_bit_exact_because_pointwise_values_are_replayed():
     _assert_bit_equal(got, _train(reference, torch.compile(reference), steps))
 
 
+def test_bf16_inductor_plan_of_a_llama_mlp_moves_the_two_projections():
+    # Per layer the plan moves the bf16 gate and up projections and replays
+    # SiLU and the gated product from them. On the H200 (T1, 2026-11-30) it
+    # moved each layer's fp32 upcast of the gate projection (twice the bytes)
+    # instead, because the joint pass merged SiLU backward's upcast with the
+    # forward's, which made the upcast a saved activation: 8.25 GiB moved
+    # instead of 5.50, 1.82x torch.compile instead of 1.38x.
+    layers, batch, seq, intermediate = 2, 2, 32, 256
+    model = _tiny_llama(intermediate=intermediate, layers=layers).to(torch.bfloat16)
+    run = compiled.compile(model, scope="mlp", min_bytes=0)
+    ids = _ids(seq, batch=batch)
+    run(ids, labels=ids).loss.backward()
+    _C.synchronize()
+    (plan,) = compiled.last_plans()
+    offloads = plan.plan["offloads"]
+    assert [(o["dtype"], o["shape"]) for o in offloads] == (
+        [("bfloat16", f"[{batch * seq}, {intermediate}]")] * 2 * layers), offloads
+    assert plan.bytes_offloaded == 2 * layers * batch * seq * intermediate * 2
+    assert len(plan.replayed) == 2 * layers, plan.replayed
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_dynamic_shapes_compile_once_and_stay_exact(backend):
     base = _tiny_llama()
