@@ -14,6 +14,18 @@ boundary:
     (replay_pointwise) are tagged "must_be_in_backward": they run in backward,
     reading the saved host tensor or what was rebuilt from it.
 
+Note [Forward wait without last_use]: the planner's forward wait reads the
+value's last forward use as its third argument (an ordering edge in the IR).
+Replayed on the FX graph that edge would give the last use one more user,
+and Inductor's pattern passes fuse only nodes whose users they see: with the
+wait reading `mm`, the residual `x + tanh(x) @ w` stayed an mm plus a
+separate add instead of one addmm, and its weight gradient moved in the last
+bits (a custom autograd.Function in a residual layer, CPU, 2026-11-30). So
+the FX wait gets no last_use; it sits right after the last use in graph order,
+which the partitioner keeps and aot_eager runs as is, and
+spillway._compiled_inductor keeps it after the value's last reader under
+Inductor with ordering-only dependencies, which change no fusion.
+
 A replay copies a forward FX node: a replayed view ("spillway_replay_<name>")
 the node <name>, a replayed pointwise op (edit kind "replay_op") the node its
 edit names as source. The copy takes the node's target,
@@ -152,6 +164,8 @@ class EditReplayer:
             args = [self._decode(a, None, index) for a in node["args"]]
             if target is torch.ops.spillway.reload.default:
                 args[1] = torch.device(args[1])
+            if edit["kind"] == "forward_wait" and len(args) == 3:
+                args[2] = None  # Note [Forward wait without last_use]
             kwargs = {k: self._decode(v, None, index) for k, v in node["kwargs"].items()}
             return target, tuple(args), kwargs, None
         if not node["name"].startswith(_REPLAY_PREFIX):

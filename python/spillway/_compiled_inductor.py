@@ -35,6 +35,16 @@ of. Where Inductor has no additional_buffer_deps (older torch),
 pins_supported() is False and spillway.compiled turns the peak-memory
 reordering off instead, which keeps FX order.
 
+The forward wait has no last_use under Inductor (Note [Forward wait without
+last_use] in _compiled_apply.py), so nothing but its graph position says how
+long its D2H may overlap compute. place_forward_waits() (run on each
+partitioned graph after Inductor's pattern passes, which may re-create a
+reader later in the graph: mm + add becomes one addmm where the add stood)
+moves each forward wait right after the last reader of the value it offloads,
+and the wait's lowering is pinned after the last operation lowered before it:
+the wait runs where the plan put it and no earlier, and since the pins are
+ordering-only, Inductor fuses and computes exactly as without offload.
+
 Lowerings are per operator and process-wide; they behave as the default
 fallback for graphs that spillway.compiled did not edit (a wait whose first
 argument is not an offload lowered here keeps its own keepalive; a reload
@@ -73,6 +83,52 @@ def pins_supported() -> bool:
                 and "additional_buffer_deps" in inspect.getsource(scheduler))
     except (OSError, TypeError):
         return False
+
+
+def place_forward_waits(graph: torch.fx.Graph) -> int:
+    """Moves each forward wait after the last reader of what it offloads; returns how many moved.
+
+    A reader is any node but spillway's own that takes a value on the offloaded
+    value's storage (the value or a view of it).
+    """
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    offload_op = torch.ops.spillway.offload.default
+    wait_op = torch.ops.spillway.wait_tensor.default
+    spillway_ops = (offload_op, wait_op, torch.ops.spillway.reload.default)
+
+    def storage(node: Any) -> Any:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            return None
+        try:
+            return StorageWeakRef(val.untyped_storage())
+        except (NotImplementedError, RuntimeError):
+            return None
+
+    waits = {}
+    for node in graph.find_nodes(op="call_function", target=wait_op):
+        moved, keepalive = node.args[0], node.args[1] if len(node.args) > 1 else None
+        if (isinstance(moved, torch.fx.Node) and moved.target is offload_op
+                and (source := storage(keepalive)) is not None):
+            waits[node] = source
+    if not waits:
+        return 0
+    last_reader: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target in spillway_ops:
+            continue
+        read = {storage(i) for i in node.all_input_nodes}
+        for wait, source in waits.items():
+            if source in read:
+                last_reader[wait] = node
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    moved = 0
+    for wait, reader in last_reader.items():
+        if position[reader] > position[wait]:
+            reader.append(wait)
+            moved += 1
+    return moved
 
 
 def _output_names(op: Any) -> list[str]:
@@ -132,31 +188,44 @@ def _register() -> None:
                 if name not in known:
                     add(name)
 
+    def last_lowered_output() -> list[str]:
+        # The first output of the last operation lowered so far, if any.
+        return next((names[:1] for op in reversed(V.graph.operations)
+                     if (names := _output_names(op))), [])
+
     @register_lowering(reload_op, type_promotion_kind=None)
     def lower_reload(host, device):
         graph = V.graph
-        pin = hasattr(graph, "additional_buffer_deps")
+        if not hasattr(graph, "additional_buffer_deps"):
+            return reload_fallback(host, device)
+        # After the last operation the FX order put before this reload.
+        anchor = last_lowered_output()
         before = len(graph.operations)
         result = reload_fallback(host, device)
-        if not pin:
-            return result
         new_ops = graph.operations[before:]
-        # After the last operation the FX order put before this reload.
-        anchor = next((names for op in reversed(graph.operations[:before])
-                       if (names := _output_names(op))), [])
-        order_after(new_ops, anchor[:1])
+        order_after(new_ops, anchor)
         reload_names = [n for op in new_ops for n in _output_names(op)]
         pending_reloads()[id(result)] = (result, reload_names, len(graph.operations))
         return result
 
     @register_lowering(wait_op, type_promotion_kind=None)
     def lower_wait(t, keepalive=None, last_use=None):
+        graph = V.graph
         entry = read_by_offload().get(id(t))
-        if entry is not None and entry[0] is t:
+        forward_wait = entry is not None and entry[0] is t
+        if forward_wait:
             keepalive = entry[1]
         reload = pending_reloads().pop(id(t), None)
         if reload is not None and reload[0] is t:
             # Everything lowered between the reload and its wait runs after the
             # reload, as in FX order: the prefetch distance the plan chose.
-            order_after(V.graph.operations[reload[2]:], reload[1][:1])
-        return wait_fallback(t, keepalive, last_use)
+            order_after(graph.operations[reload[2]:], reload[1][:1])
+        if not (forward_wait and hasattr(graph, "additional_buffer_deps")):
+            return wait_fallback(t, keepalive, last_use)
+        # A forward wait runs after the compute FX order put before it (the
+        # value's last reader: place_forward_waits), never earlier.
+        anchor = last_lowered_output()
+        before = len(graph.operations)
+        result = wait_fallback(t, keepalive, last_use)
+        order_after(graph.operations[before:], anchor)
+        return result

@@ -276,21 +276,23 @@ def _is_backward_graph(graph: torch.fx.Graph) -> bool:
 
 def _inductor_backend(session: _Session, mode: str | None, options: dict | None,
                       dynamic: bool | None) -> Any:
-    observe = _custom_graph_pass(
-        lambda graph: session.saw_graph(graph, _is_backward_graph(graph)))
+    from spillway import _compiled_inductor
+
+    def post_grad(graph: torch.fx.Graph) -> None:
+        _compiled_inductor.place_forward_waits(graph)
+        session.saw_graph(graph, _is_backward_graph(graph))
+
     options = dict(options or {})
     for key in ("joint_custom_post_pass", "post_grad_custom_post_pass"):
         if options.get(key) is not None:
             raise ValueError(f"[compiled] options['{key}'] is taken by spillway.compiled")
-    from spillway import _compiled_inductor
-
     _compiled_inductor.install()
     if not _compiled_inductor.pins_supported():
         # Without ordering pins the peak-memory reordering hoists every reload to
         # the start of the backward (Note [Reload order under Inductor]).
         options.setdefault("reorder_for_peak_memory", False)
     options["joint_custom_post_pass"] = _custom_graph_pass(session.joint_pass)
-    options["post_grad_custom_post_pass"] = observe
+    options["post_grad_custom_post_pass"] = _custom_graph_pass(post_grad)
     return _InductorWithPlan(mode, options, dynamic)
 
 
