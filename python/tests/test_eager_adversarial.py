@@ -4,7 +4,7 @@ Each test is one situation: in-place writes after saving, checkpointing in
 both nestings, forward without backward, gradient accumulation, tensors shared
 between layers, views and aliases of one storage, a backward returning a view
 of a reloaded tensor, retain_graph and double backward, failures inside the
-forward, and bad arguments. Gradients are compared bit for bit with the run
+forward, and scopes (bad arguments are in test_eager_arguments.py). Gradients are compared bit for bit with the run
 without offload; leaks are checked on the runtime (pending waits, live pinned
 bytes). CPU tensors stand for device memory (device="cpu", the fake backend).
 """
@@ -498,39 +498,7 @@ def test_cpu_model_without_device_argument_is_inactive():
     assert ctx.stats()["inactive"] and "device='cpu'" in ctx.stats()["inactive"]
 
 
-# ---- bad arguments ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"min_bytes": -1}, "min_bytes must be >= 0"),
-    ({"prefetch": -2}, "prefetch must be >= 0"),
-    ({"lag": -1}, "lag must be >= 0"),
-    ({"prefetch": 1.5}, "prefetch must be an int"),
-    ({"device": "tpu"}, "unknown device 'tpu'"),
-    ({"device": "meta"}, "device meta is not supported"),
-    ({"scope": ""}, "scope must be"),
-])
-def test_bad_arguments_raise_value_error(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        offload_activations(Toy(), **{"scope": "attn", **kwargs})
-
-
-def test_model_must_be_a_module():
-    with pytest.raises(ValueError, match="must be a torch.nn.Module, got function"):
-        offload_activations(lambda x: x)
-
-
-def test_scope_matching_nothing_names_the_scope_and_lists_modules():
-    with pytest.raises(ValueError) as info:
-        offload_activations(Toy(), scope="self_attn", device="cpu")
-    text = str(info.value)
-    assert "'self_attn'" in text and "attn (Linear)" in text and "layers (ModuleList)" in text
-
-
-def test_missing_cuda_device_is_a_clear_error():
-    # No CUDA here: "torch has no usable CUDA"; a GPU machine: "there are N CUDA devices".
-    with pytest.raises(ValueError, match=r"\[eager\] device cuda:99: "):
-        offload_activations(Toy(), device="cuda:99")
+# ---- scope ------------------------------------------------------------------
 
 
 def test_scope_none_means_the_layer_list_and_the_modules_with_parameters_outside_it(no_leaks):
