@@ -56,16 +56,25 @@ Design decisions (see also _eager_store.py):
     for and let go when that backward ends.
   * Version check. Saved-tensor hooks switch autograd's in-place check off; the
     context checks versions itself and raises autograd's own error.
-  * Outer hooks win. If saved-tensor hooks are already active when the context
-    is entered (torch.utils.checkpoint's, or another offloader's), they own the
-    saved tensors; the context stays inactive (stats()["inactive"] says why).
-    Inside the context, torch.utils.checkpoint regions work as usual (their
-    hooks are innermost there).
+  * Nesting. PyTorch runs only the innermost pair of saved-tensor hooks, so
+    contexts cooperate. A context entered inside another spillway context (on
+    a different model) packs what is saved in its own layers and hands every
+    other saved tensor to the outer context's pack, which applies its own
+    scope (so `with offload_activations(a): with offload_activations(b):`
+    offloads the layers of both, whichever model calls the other). Each pack
+    result remembers the context that made it, and unpack goes to that
+    context. Two contexts on one model are an error (its hooks would run
+    twice). Foreign hooks win: if another library's saved-tensor hooks are
+    innermost when the context is entered (torch.utils.checkpoint's, another
+    offloader's), they own the saved tensors; the context stays inactive
+    (stats()["inactive"] says why). Inside the context, torch.utils.checkpoint
+    regions work as usual (their hooks are innermost there).
   * A full pinned pool is not an error: the tensor stays on the device
     (skipped reason "host_full").
 
 Thread-safety: one context serves one model; its state is guarded by a lock,
-so backward may run on autograd's device threads.
+so backward may run on autograd's device threads. A nested context never holds
+its lock while it calls the outer one.
 """
 
 from __future__ import annotations
@@ -324,6 +333,14 @@ def _selected_layers(chosen: list[int] | None, count: int) -> frozenset | None:
     return frozenset(chosen)
 
 
+def _context_of(pack_hook) -> "OffloadActivations | None":
+    """The spillway context whose pack hook this is, or None (another library's)."""
+    owner = getattr(pack_hook, "__self__", None)
+    if isinstance(owner, OffloadActivations) and pack_hook.__func__ is OffloadActivations._pack:
+        return owner
+    return None
+
+
 class OffloadActivations:
     """The context of offload_activations(); see the module docstring."""
 
@@ -348,6 +365,7 @@ class OffloadActivations:
         self._lock = threading.RLock()
         self._active = False
         self._hooks_cm = None
+        self._outer: OffloadActivations | None = None  # the spillway context entered before
         self._module_hooks = []
         self._param_storages: set = set()
         self._entries: dict = {}  # StorageWeakRef -> weakref(_Entry), storages offloaded
@@ -363,7 +381,8 @@ class OffloadActivations:
                        "bytes_offloaded": 0, "deduplicated": 0,
                        "skipped": dict.fromkeys(_SKIP_REASONS, 0),
                        "reloads_prefetched": 0, "reloads_on_demand": 0, "bytes_reloaded": 0,
-                       "kept_resident": 0, "bytes_kept_resident": 0, "layers": 0}
+                       "kept_resident": 0, "bytes_kept_resident": 0, "layers": 0,
+                       "handed_to_outer": 0}
 
     # ---- context ------------------------------------------------------------
 
@@ -378,7 +397,9 @@ class OffloadActivations:
         if _active_models.get(self._model) is not None:
             raise RuntimeError("[eager] offload_activations is already active on this "
                                f"{type(self._model).__name__}")
-        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        self._outer = None if top is None else _context_of(top[0])
+        if top is not None and self._outer is None:
             self._inactive = ("saved-tensor hooks were already active (torch.utils.checkpoint "
                               "or another offloader): they own the saved tensors")
             self._active = True
@@ -387,6 +408,8 @@ class OffloadActivations:
         self._param_storages = {
             StorageWeakRef(t.untyped_storage())
             for t in itertools.chain(self._model.parameters(), self._model.buffers())}
+        if self._outer is not None:  # weights shared with the outer model stay too
+            self._param_storages |= self._outer._param_storages
         self._module_hooks = [self._model.register_forward_pre_hook(self._on_model_call)]
         for _, module in self._scope:
             self._module_hooks.append(module.register_forward_pre_hook(self._on_layer_start))
@@ -412,6 +435,7 @@ class OffloadActivations:
             self._current = None
             _active_models.pop(self._model, None)
             self._param_storages = set()
+            self._outer = None
             with self._lock:
                 self._finish_forward_waits(keep_resident=True)
 
@@ -424,7 +448,9 @@ class OffloadActivations:
         skipped: {reason: count}; reloads_prefetched / reloads_on_demand /
         bytes_reloaded: storages brought back ahead of need / when needed;
         kept_resident / bytes_kept_resident: tail storages backward read in
-        place; layers: scope module calls seen; inactive: why nothing ran, or None.
+        place; layers: scope module calls seen; handed_to_outer: saved tensors
+        passed to the outer spillway context (saved outside this context's
+        layers; that context's counters have them); inactive: why nothing ran, or None.
         """
         with self._lock:
             out = dict(self._stats)
@@ -524,6 +550,13 @@ class OffloadActivations:
         return None
 
     def _pack(self, t: torch.Tensor):
+        outer = self._outer
+        if outer is not None and self._current is None:
+            # Not saved in one of this context's layers: the outer context's to
+            # judge (its scope, its layers). Its lock is not taken under ours.
+            with self._lock:
+                self._stats["handed_to_outer"] += 1
+            return outer._pack(t)
         with self._lock:
             self._stats["tensors_seen"] += 1
             reason = self._skip_reason(t)
@@ -537,7 +570,7 @@ class OffloadActivations:
                     reason = "small"
             if reason is not None:
                 self._stats["skipped"][reason] += 1
-                return _Kept(t, None if reason == "backward" else self._current)
+                return _Kept(self, t, None if reason == "backward" else self._current)
             return self._pack_offloaded(t, storage, key)
 
     def _pack_offloaded(self, t, storage, key):
@@ -554,7 +587,7 @@ class OffloadActivations:
                 entry = _Entry(self, key, layer, flat, witness, version)
             except torch.OutOfMemoryError:
                 self._stats["skipped"]["host_full"] += 1
-                return _Kept(t, layer)
+                return _Kept(self, t, layer)
             self._entries[key] = weakref.ref(entry)
             layer.pending.append(entry)
             if not self._pending or self._pending[-1] is not layer:
@@ -575,6 +608,8 @@ class OffloadActivations:
     # ---- unpack -------------------------------------------------------------
 
     def _unpack(self, packed):
+        if packed.owner is not self:
+            return packed.owner._unpack(packed)  # packed by an outer context (see _pack)
         try:
             if isinstance(packed, _Kept):
                 out = packed.unpack()
