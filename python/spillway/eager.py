@@ -30,9 +30,11 @@ one's layer.
 
 Eligible tensors: saved while a scope module runs forward, on the target device
 (`device`, default the device of the model's first parameter when that is a
-CUDA device; a CPU model offloads nothing unless device="cpu" asks for it, which
-is how tests drive the fake backend), storage of at least min_bytes bytes, not
-the storage of a parameter or buffer of the model, a plain strided tensor.
+CUDA device), storage of at least min_bytes bytes, not the storage of a
+parameter or buffer of the model, a plain strided tensor. A CPU model has no
+device memory to spare: without device= the context offloads nothing, warns
+once (UserWarning) and stats()["inactive"] says why; device="cpu" drives the
+whole path through the runtime's fake copy backend (how the tests run it).
 
 Design decisions (see also _eager_store.py):
   * Deduplication by untyped storage. A storage is offloaded once, whole, as a
@@ -120,7 +122,10 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "s
         docstring).
       min_bytes: storages smaller than this stay on the device.
       prefetch: how many layers ahead of need backward reloads (0: on demand).
-      device: the device whose tensors are offloaded (cpu or cuda[:N]).
+      device: the device whose tensors are offloaded (cpu or cuda[:N]); default
+        the model's device when it is a CUDA device. A CPU model without
+        device= offloads nothing and warns; device="cpu" drives the fake
+        copy backend (for testing).
       lag: how many layers later the forward wait of a layer runs (0: at the end
         of the layer itself); the last `lag` layers stay resident for backward.
       layers: which scope modules offload, as positions in the scope's module
@@ -366,6 +371,7 @@ class OffloadActivations:
         self._active = False
         self._hooks_cm = None
         self._outer: OffloadActivations | None = None  # the spillway context entered before
+        self._warned_cpu = False
         self._module_hooks = []
         self._param_storages: set = set()
         self._entries: dict = {}  # StorageWeakRef -> weakref(_Entry), storages offloaded
@@ -390,8 +396,15 @@ class OffloadActivations:
         if self._active:
             raise RuntimeError("[eager] this offload_activations context is already entered")
         if not self._enabled:
-            self._inactive = (f"the model is on {self._device}, which has no device memory to "
-                              "spare; pass device='cpu' to offload CPU tensors anyway")
+            self._inactive = (f"nothing is offloaded: the model is on {self._device} and device= "
+                              "was not given (offload is on for CUDA models); device='cpu' "
+                              "drives the path through the fake copy backend, for testing")
+            if not self._warned_cpu:
+                self._warned_cpu = True
+                warnings.warn(f"[eager] offload_activations will offload nothing: the model is "
+                              f"on the CPU, which has no device memory to spare. Pass "
+                              f"device='cpu' to drive the offload path through the fake copy "
+                              f"backend anyway (for testing)", UserWarning, stacklevel=2)
             self._active = True
             return self
         if _active_models.get(self._model) is not None:
@@ -450,7 +463,9 @@ class OffloadActivations:
         kept_resident / bytes_kept_resident: tail storages backward read in
         place; layers: scope module calls seen; handed_to_outer: saved tensors
         passed to the outer spillway context (saved outside this context's
-        layers; that context's counters have them); inactive: why nothing ran, or None.
+        layers; that context's counters have them); inactive: why nothing ran
+        (the model is on the CPU and device= was not given, or foreign
+        saved-tensor hooks were active), or None.
         """
         with self._lock:
             out = dict(self._stats)

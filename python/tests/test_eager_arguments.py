@@ -3,12 +3,15 @@
 Every bad argument is a ValueError whose message starts with "[eager]" and
 names the argument and the value received; scope "*" finds the layers of a
 model without an nn.ModuleList (an nn.Sequential, a module with block1 and
-block2) and refuses a model with nothing to offload.
+block2) and refuses a model with nothing to offload; a CPU model without
+device= warns that nothing will move instead of doing nothing silently.
 Gradients are compared bit for bit with the run without offload; bytes moved
 are read from the context's statistics (the fake backend moves CPU tensors).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -196,3 +199,38 @@ def test_star_on_a_model_with_nothing_to_offload_says_so(model, why, scope):
     text = str(info.value)
     assert text.startswith("[eager] scope '*': a model with no layers to offload: "), text
     assert why in text
+
+
+# ---- a CPU model without device= -------------------------------------------
+
+
+def test_cpu_model_without_device_warns_once_and_stats_say_why(no_leaks):
+    model, x = _mlp(), _input()
+    model.zero_grad(set_to_none=True)
+    _loss(model, x).backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    ctx = offload_activations(model, scope="*", min_bytes=0)
+    with pytest.warns(UserWarning, match=r"\[eager\] offload_activations will offload nothing: "
+                      r"the model is on the CPU.*device='cpu'.*fake copy backend"):
+        with ctx:
+            _loss(model, x).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per context: entering again stays quiet
+        with ctx:
+            pass
+    _assert_same_grads(_grads(model), want)
+    stats = ctx.stats()
+    assert stats["bytes_offloaded"] == 0 and stats["tensors_seen"] == 0
+    assert "the model is on cpu and device= was not given" in stats["inactive"]
+    assert "device='cpu'" in stats["inactive"]
+
+
+def test_cpu_model_with_device_cpu_does_not_warn(no_leaks):
+    model, x = _mlp(), _input()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with offload_activations(model, scope="*", min_bytes=0, device="cpu") as ctx:
+            loss = _loss(model, x)
+    loss.backward()
+    assert ctx.stats()["inactive"] is None and ctx.stats()["bytes_offloaded"] > 0
