@@ -136,8 +136,9 @@ def test_each_bad_argument_is_a_value_error_naming_it_and_its_value(kwargs, argu
     (None, "None (NoneType)"),
 ])
 def test_model_that_is_not_a_module_is_a_value_error(model, shown):
-    with pytest.raises(ValueError, match=r"^\[eager\] model must be a torch.nn.Module, got ") as info:
+    with pytest.raises(ValueError) as info:
         offload_activations(model, device="cpu")
+    assert str(info.value).startswith("[eager] model must be a torch.nn.Module, got ")
     assert shown in str(info.value)
 
 
