@@ -74,9 +74,10 @@ def version_witness(t: torch.Tensor) -> torch.Tensor:
 class _Kept:
     """A saved tensor left in place: the tensor and its version when saved."""
 
-    __slots__ = ("tensor", "version", "layer")
+    __slots__ = ("owner", "tensor", "version", "layer")
 
-    def __init__(self, tensor: torch.Tensor, layer: "_Layer | None" = None):
+    def __init__(self, owner, tensor: torch.Tensor, layer: "_Layer | None" = None):
+        self.owner = owner  # the OffloadActivations that packed it (it unpacks it)
         # Detached: pack receives the saved tensor itself, whose grad_fn may be
         # the node saving it; holding that would make a cycle through C++ that
         # Python's collector cannot see. detach() shares the version counter.
@@ -243,6 +244,11 @@ class _Handle:
         self.witness = witness
         self.version = version
         entry.live += 1
+
+    @property
+    def owner(self):
+        """The OffloadActivations that packed it (it unpacks it)."""
+        return self.entry.owner
 
     def check_version(self) -> None:
         check_version(self.dtype, self.entry.target, self.size, self.version,

@@ -13,17 +13,28 @@ spillway::reload, a layer or more ahead of need. Everything else is left alone.
 Scope. `scope` names modules by the last component of their qualified name
 ("self_attn" matches model.layers.3.self_attn) or by class name
 ("LlamaDecoderLayer"); a list of such names matches any of them. None or "*"
-means every element of the model's largest nn.ModuleList (the decoder layers of
-Hugging Face models: model.layers, transformer.h), at positions 0..n-1, then
-every module with parameters of its own outside that list (embeddings, the
-final norm, lm_head). A scope module called inside another one belongs to the
-outer one's layer.
+means every layer of any model:
+  * with an nn.ModuleList: every element of the largest one (the decoder layers
+    of Hugging Face models: model.layers, transformer.h), at positions 0..n-1,
+    then every module with parameters of its own outside that list
+    (embeddings, the final norm, lm_head), outermost, in registration order;
+  * without one, the model read as a sequence, in registration order: an
+    nn.Sequential's layers are all its children (a ReLU between two Linears is
+    a layer too: it saves the tensor the next Linear saves); another module's
+    layers are its children that hold parameters (block1, block2, head). A
+    layer that is an nn.Sequential gives way to its own layers, and so does a
+    lone layer with layers inside (a wrapper such as self.net).
+A model with no submodule holding parameters has no layers to offload
+(ValueError). A scope module called inside another one belongs to the outer
+one's layer.
 
 Eligible tensors: saved while a scope module runs forward, on the target device
 (`device`, default the device of the model's first parameter when that is a
-CUDA device; a CPU model offloads nothing unless device="cpu" asks for it, which
-is how tests drive the fake backend), storage of at least min_bytes bytes, not
-the storage of a parameter or buffer of the model, a plain strided tensor.
+CUDA device), storage of at least min_bytes bytes, not the storage of a
+parameter or buffer of the model, a plain strided tensor. A CPU model has no
+device memory to spare: without device= the context offloads nothing, warns
+once (UserWarning) and stats()["inactive"] says why; device="cpu" drives the
+whole path through the runtime's fake copy backend (how the tests run it).
 
 Design decisions (see also _eager_store.py):
   * Deduplication by untyped storage. A storage is offloaded once, whole, as a
@@ -47,16 +58,25 @@ Design decisions (see also _eager_store.py):
     for and let go when that backward ends.
   * Version check. Saved-tensor hooks switch autograd's in-place check off; the
     context checks versions itself and raises autograd's own error.
-  * Outer hooks win. If saved-tensor hooks are already active when the context
-    is entered (torch.utils.checkpoint's, or another offloader's), they own the
-    saved tensors; the context stays inactive (stats()["inactive"] says why).
-    Inside the context, torch.utils.checkpoint regions work as usual (their
-    hooks are innermost there).
+  * Nesting. PyTorch runs only the innermost pair of saved-tensor hooks, so
+    contexts cooperate. A context entered inside another spillway context (on
+    a different model) packs what is saved in its own layers and hands every
+    other saved tensor to the outer context's pack, which applies its own
+    scope (so `with offload_activations(a): with offload_activations(b):`
+    offloads the layers of both, whichever model calls the other). Each pack
+    result remembers the context that made it, and unpack goes to that
+    context. Two contexts on one model are an error (its hooks would run
+    twice). Foreign hooks win: if another library's saved-tensor hooks are
+    innermost when the context is entered (torch.utils.checkpoint's, another
+    offloader's), they own the saved tensors; the context stays inactive
+    (stats()["inactive"] says why). Inside the context, torch.utils.checkpoint
+    regions work as usual (their hooks are innermost there).
   * A full pinned pool is not an error: the tensor stays on the device
     (skipped reason "host_full").
 
 Thread-safety: one context serves one model; its state is guarded by a lock,
-so backward may run on autograd's device threads.
+so backward may run on autograd's device threads. A nested context never holds
+its lock while it calls the outer one.
 """
 
 from __future__ import annotations
@@ -94,10 +114,18 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "s
 
     Args:
       model: the module whose forward runs under the context.
-      scope: which submodules are layers (see the module docstring).
+      scope: which submodules are layers: a module name ("self_attn"), a class
+        name ("LlamaDecoderLayer"), a list of names, or None / "*" for every
+        layer of the model (its largest nn.ModuleList and the modules with
+        parameters outside it; without a ModuleList, the children of an
+        nn.Sequential, or the children holding parameters; see the module
+        docstring).
       min_bytes: storages smaller than this stay on the device.
       prefetch: how many layers ahead of need backward reloads (0: on demand).
-      device: the device whose tensors are offloaded (cpu or cuda[:N]).
+      device: the device whose tensors are offloaded (cpu or cuda[:N]); default
+        the model's device when it is a CUDA device. A CPU model without
+        device= offloads nothing and warns; device="cpu" drives the fake
+        copy backend (for testing).
       lag: how many layers later the forward wait of a layer runs (0: at the end
         of the layer itself); the last `lag` layers stay resident for backward.
       layers: which scope modules offload, as positions in the scope's module
@@ -107,17 +135,30 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "s
         first three layers and gives each copy eight layers of compute to hide
         behind before its wait.
 
-    Raises ValueError for a non-module model, negative min_bytes/prefetch/lag,
-    an unknown device, a scope matching no module, or a layer position out of
-    range.
+    Raises ValueError, with a message starting "[eager]" that names the
+    argument and the value received, for: a model that is not an nn.Module; a
+    scope that is not a str, None or an iterable of non-empty strs (an empty
+    list too), or that matches no module; scope "*" on a model with no layers
+    to offload; min_bytes, prefetch or lag not an int (bools included) or
+    negative; layers not an iterable of ints, or a position out of range; an
+    unknown or unusable device. Entering the context raises RuntimeError when
+    another context is active on the same model.
     """
     return OffloadActivations(model, scope=scope, min_bytes=min_bytes, prefetch=prefetch,
                               device=device, lag=lag, layers=layers)
 
 
+def _shown(value) -> str:
+    """A received argument for an error message: its repr (shortened) and its type."""
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
 def _check_count(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"[eager] {name} must be an int, got {value!r}")
+        raise ValueError(f"[eager] {name} must be an int, got {_shown(value)}")
     if value < 0:
         raise ValueError(f"[eager] {name} must be >= 0, got {value}")
     return value
@@ -135,9 +176,9 @@ def _target_device(model: nn.Module, device) -> tuple[torch.device, bool]:
     else:
         try:
             target = torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError(f"[eager] unknown device {device!r}: expected cpu, cuda or "
-                             f"cuda:N ({e})") from None
+        except (RuntimeError, TypeError):
+            raise ValueError(f"[eager] device must be cpu, cuda or cuda:N (a str or a "
+                             f"torch.device), got {_shown(device)}") from None
         enabled = True
     if target.type == "cuda":
         if not torch.cuda.is_available():
@@ -150,39 +191,100 @@ def _target_device(model: nn.Module, device) -> tuple[torch.device, bool]:
             raise ValueError(f"[eager] device {target}: there are "
                              f"{torch.cuda.device_count()} CUDA devices")
     elif target.type != "cpu":
-        raise ValueError(f"[eager] device {target} is not supported: spillway moves tensors "
-                         "of cpu or cuda devices")
+        raise ValueError(f"[eager] device must be cpu, cuda or cuda:N, got {_shown(device)}: "
+                         f"spillway moves tensors of cpu or cuda devices only")
     return target, enabled
+
+
+def _scope_names(scope) -> list[str]:
+    """The names a scope other than None or '*' holds; ValueError for anything else."""
+    expected = "[eager] scope must be a module name, a class name (non-empty strings), a list " \
+               "of them, None or '*'"
+    if isinstance(scope, str):
+        names = [scope]
+    elif isinstance(scope, type):
+        raise ValueError(f"{expected}; got the class {scope.__name__} itself: pass "
+                         f"scope={scope.__name__!r}")
+    else:
+        try:
+            names = list(scope)
+        except TypeError:
+            raise ValueError(f"{expected}; got {_shown(scope)}") from None
+        if not names:
+            raise ValueError(f"{expected}; got an empty list, {_shown(scope)}")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            where = "" if isinstance(scope, str) else f" in {_shown(scope)}"
+            raise ValueError(f"{expected}; got {_shown(name)}{where}")
+    return names
 
 
 def _scope_modules(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
     """The (qualified name, module) pairs `scope` selects; ValueError when none."""
-    if scope is None or scope == "*":
-        lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)]
-        best = max(lists, key=lambda nm: len(nm[1]), default=None)
-        found = [] if best is None else [(f"{best[0]}.{i}" if best[0] else str(i), m)
-                                         for i, m in enumerate(best[1])]
-        if found:
-            found += _modules_outside_list(model, best[0])
-        wanted = "every element of the largest nn.ModuleList (and what has parameters outside it)"
-    else:
-        names = [scope] if isinstance(scope, str) else list(scope)
-        if not names or not all(isinstance(n, str) and n for n in names):
-            raise ValueError(f"[eager] scope must be a module name, a class name, a list of "
-                             f"them, None or '*'; got {scope!r}")
-        wanted_set = set(names)
-        found = [(name, m) for name, m in model.named_modules()
-                 if name.rsplit(".", 1)[-1] in wanted_set or type(m).__name__ in wanted_set]
-        wanted = repr(scope)
+    if scope is None or (isinstance(scope, str) and scope == "*"):
+        return _every_layer(model)
+    names = _scope_names(scope)
+    wanted = set(names)
+    found = [(name, m) for name, m in model.named_modules()
+             if name.rsplit(".", 1)[-1] in wanted or type(m).__name__ in wanted]
     if not found:
         seen = []
         for name, m in model.named_modules():
             label = f"{name.rsplit('.', 1)[-1] or '<root>'} ({type(m).__name__})"
             if label not in seen:
                 seen.append(label)
-        raise ValueError(f"[eager] scope {wanted} matches no module of {type(model).__name__}; "
+        raise ValueError(f"[eager] scope {scope!r} matches no module of {type(model).__name__}; "
                          f"modules there include: {', '.join(seen[:12])}")
     return found
+
+
+def _holds_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def _every_layer(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Scope '*': the largest nn.ModuleList and what has parameters outside it, or else
+    the model read as a sequence (_layer_sequence); ValueError when there is nothing."""
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    best = max(lists, key=lambda nm: len(nm[1]), default=None)
+    if best is not None and len(best[1]) > 0:
+        found = [(f"{best[0]}.{i}" if best[0] else str(i), m) for i, m in enumerate(best[1])]
+        return found + _modules_outside_list(model, best[0])
+    found, seen = [], set()
+    for name, m in _layer_sequence("", model):
+        if id(m) not in seen:  # a module registered twice is one layer
+            seen.add(id(m))
+            found.append((name, m))
+    if not any(_holds_parameters(m) for _, m in found):
+        what = ("no submodules" if next(model.children(), None) is None
+                else "no submodule with parameters")
+        raise ValueError(f"[eager] scope '*': a model with no layers to offload: "
+                         f"{type(model).__name__} has {what}")
+    return found
+
+
+def _layer_sequence(prefix: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The layers of a model without an nn.ModuleList, in registration order.
+
+    An nn.Sequential's layers are all its children (an activation between two
+    Linears saves the tensor the next one saves: it must be a layer too, or
+    the storage stays on the device); another module's are its children that
+    hold parameters. A child that is an nn.Sequential gives way to its own
+    layers, and so does a lone layer with layers of its own (a wrapper such as
+    self.net), so the sequence is as fine as the model's structure allows.
+    """
+    if isinstance(module, nn.Sequential):
+        children = list(module.named_children())
+    else:
+        children = [(n, m) for n, m in module.named_children() if _holds_parameters(m)]
+    layers: list[tuple[str, nn.Module]] = []
+    for name, child in children:
+        full = f"{prefix}.{name}" if prefix else name
+        layers += _layer_sequence(full, child) if isinstance(child, nn.Sequential) else [
+            (full, child)]
+    if len(layers) == 1:
+        return _layer_sequence(*layers[0]) or layers
+    return layers
 
 
 def _modules_outside_list(model: nn.Module, list_name: str) -> list[tuple[str, nn.Module]]:
@@ -209,22 +311,39 @@ def _modules_outside_list(model: nn.Module, list_name: str) -> list[tuple[str, n
     return picked
 
 
-def _selected_layers(layers, count: int) -> frozenset | None:
-    """The scope positions `layers` names (None: all); ValueError when out of range."""
+def _layer_positions(layers) -> list[int] | None:
+    """The positions `layers` holds (None: all); ValueError unless an iterable of ints."""
     if layers is None:
         return None
     try:
         chosen = list(layers)
     except TypeError:
         raise ValueError(f"[eager] layers must be an iterable of ints or None, got "
-                         f"{layers!r}") from None
+                         f"{_shown(layers)}") from None
     for i in chosen:
         if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"[eager] layers must hold ints, got {i!r}")
+            raise ValueError(f"[eager] layers must hold ints, got {_shown(i)} in "
+                             f"{_shown(layers)}")
+    return chosen
+
+
+def _selected_layers(chosen: list[int] | None, count: int) -> frozenset | None:
+    """The positions as a set (None: all); ValueError when one is out of range."""
+    if chosen is None:
+        return None
+    for i in chosen:
         if not 0 <= i < count:
-            raise ValueError(f"[eager] layer position {i} is out of range: the scope "
-                             f"matches {count} modules (positions 0..{count - 1})")
+            raise ValueError(f"[eager] layers={chosen}: layer position {i} is out of range: "
+                             f"the scope matches {count} modules (positions 0..{count - 1})")
     return frozenset(chosen)
+
+
+def _context_of(pack_hook) -> "OffloadActivations | None":
+    """The spillway context whose pack hook this is, or None (another library's)."""
+    owner = getattr(pack_hook, "__self__", None)
+    if isinstance(owner, OffloadActivations) and pack_hook.__func__ is OffloadActivations._pack:
+        return owner
+    return None
 
 
 class OffloadActivations:
@@ -233,15 +352,17 @@ class OffloadActivations:
     def __init__(self, model, scope="self_attn", min_bytes=1 << 20, prefetch=1, device=None,
                  lag=1, layers=None):
         if not isinstance(model, nn.Module):
-            raise ValueError(f"[eager] model must be a torch.nn.Module, got "
-                             f"{type(model).__name__}")
+            raise ValueError(f"[eager] model must be a torch.nn.Module, got {_shown(model)}")
         self._min_bytes = _check_count("min_bytes", min_bytes)
         self._prefetch = _check_count("prefetch", prefetch)
         self._lag = _check_count("lag", lag)
-        self._device, self._enabled = _target_device(model, device)
+        positions = _layer_positions(layers)
+        # The scope first: a model with nothing to offload says so, before it
+        # fails to name its device.
         self._scope = _scope_modules(model, scope)
+        self._device, self._enabled = _target_device(model, device)
         self._position = {id(m): i for i, (_, m) in enumerate(self._scope)}
-        self._selected = _selected_layers(layers, len(self._scope))
+        self._selected = _selected_layers(positions, len(self._scope))
         self._model = model
 
         # Re-entrant on purpose: a handle or entry destructor (it takes the lock)
@@ -249,6 +370,8 @@ class OffloadActivations:
         self._lock = threading.RLock()
         self._active = False
         self._hooks_cm = None
+        self._outer: OffloadActivations | None = None  # the spillway context entered before
+        self._warned_cpu = False
         self._module_hooks = []
         self._param_storages: set = set()
         self._entries: dict = {}  # StorageWeakRef -> weakref(_Entry), storages offloaded
@@ -264,7 +387,8 @@ class OffloadActivations:
                        "bytes_offloaded": 0, "deduplicated": 0,
                        "skipped": dict.fromkeys(_SKIP_REASONS, 0),
                        "reloads_prefetched": 0, "reloads_on_demand": 0, "bytes_reloaded": 0,
-                       "kept_resident": 0, "bytes_kept_resident": 0, "layers": 0}
+                       "kept_resident": 0, "bytes_kept_resident": 0, "layers": 0,
+                       "handed_to_outer": 0}
 
     # ---- context ------------------------------------------------------------
 
@@ -272,14 +396,23 @@ class OffloadActivations:
         if self._active:
             raise RuntimeError("[eager] this offload_activations context is already entered")
         if not self._enabled:
-            self._inactive = (f"the model is on {self._device}, which has no device memory to "
-                              "spare; pass device='cpu' to offload CPU tensors anyway")
+            self._inactive = (f"nothing is offloaded: the model is on {self._device} and device= "
+                              "was not given (offload is on for CUDA models); device='cpu' "
+                              "drives the path through the fake copy backend, for testing")
+            if not self._warned_cpu:
+                self._warned_cpu = True
+                warnings.warn(f"[eager] offload_activations will offload nothing: the model is "
+                              f"on the CPU, which has no device memory to spare. Pass "
+                              f"device='cpu' to drive the offload path through the fake copy "
+                              f"backend anyway (for testing)", UserWarning, stacklevel=2)
             self._active = True
             return self
         if _active_models.get(self._model) is not None:
             raise RuntimeError("[eager] offload_activations is already active on this "
                                f"{type(self._model).__name__}")
-        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        self._outer = None if top is None else _context_of(top[0])
+        if top is not None and self._outer is None:
             self._inactive = ("saved-tensor hooks were already active (torch.utils.checkpoint "
                               "or another offloader): they own the saved tensors")
             self._active = True
@@ -288,6 +421,8 @@ class OffloadActivations:
         self._param_storages = {
             StorageWeakRef(t.untyped_storage())
             for t in itertools.chain(self._model.parameters(), self._model.buffers())}
+        if self._outer is not None:  # weights shared with the outer model stay too
+            self._param_storages |= self._outer._param_storages
         self._module_hooks = [self._model.register_forward_pre_hook(self._on_model_call)]
         for _, module in self._scope:
             self._module_hooks.append(module.register_forward_pre_hook(self._on_layer_start))
@@ -313,6 +448,7 @@ class OffloadActivations:
             self._current = None
             _active_models.pop(self._model, None)
             self._param_storages = set()
+            self._outer = None
             with self._lock:
                 self._finish_forward_waits(keep_resident=True)
 
@@ -325,7 +461,11 @@ class OffloadActivations:
         skipped: {reason: count}; reloads_prefetched / reloads_on_demand /
         bytes_reloaded: storages brought back ahead of need / when needed;
         kept_resident / bytes_kept_resident: tail storages backward read in
-        place; layers: scope module calls seen; inactive: why nothing ran, or None.
+        place; layers: scope module calls seen; handed_to_outer: saved tensors
+        passed to the outer spillway context (saved outside this context's
+        layers; that context's counters have them); inactive: why nothing ran
+        (the model is on the CPU and device= was not given, or foreign
+        saved-tensor hooks were active), or None.
         """
         with self._lock:
             out = dict(self._stats)
@@ -425,6 +565,13 @@ class OffloadActivations:
         return None
 
     def _pack(self, t: torch.Tensor):
+        outer = self._outer
+        if outer is not None and self._current is None:
+            # Not saved in one of this context's layers: the outer context's to
+            # judge (its scope, its layers). Its lock is not taken under ours.
+            with self._lock:
+                self._stats["handed_to_outer"] += 1
+            return outer._pack(t)
         with self._lock:
             self._stats["tensors_seen"] += 1
             reason = self._skip_reason(t)
@@ -438,7 +585,7 @@ class OffloadActivations:
                     reason = "small"
             if reason is not None:
                 self._stats["skipped"][reason] += 1
-                return _Kept(t, None if reason == "backward" else self._current)
+                return _Kept(self, t, None if reason == "backward" else self._current)
             return self._pack_offloaded(t, storage, key)
 
     def _pack_offloaded(self, t, storage, key):
@@ -455,7 +602,7 @@ class OffloadActivations:
                 entry = _Entry(self, key, layer, flat, witness, version)
             except torch.OutOfMemoryError:
                 self._stats["skipped"]["host_full"] += 1
-                return _Kept(t, layer)
+                return _Kept(self, t, layer)
             self._entries[key] = weakref.ref(entry)
             layer.pending.append(entry)
             if not self._pending or self._pending[-1] is not layer:
@@ -476,6 +623,8 @@ class OffloadActivations:
     # ---- unpack -------------------------------------------------------------
 
     def _unpack(self, packed):
+        if packed.owner is not self:
+            return packed.owner._unpack(packed)  # packed by an outer context (see _pack)
         try:
             if isinstance(packed, _Kept):
                 out = packed.unpack()

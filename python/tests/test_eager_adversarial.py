@@ -1,10 +1,11 @@
 """spillway.eager.offload_activations where autograd gets awkward.
 
 Each test is one situation: in-place writes after saving, checkpointing in
-both nestings, forward without backward, gradient accumulation, tensors shared
-between layers, views and aliases of one storage, a backward returning a view
-of a reloaded tensor, retain_graph and double backward, failures inside the
-forward, and bad arguments. Gradients are compared bit for bit with the run
+both nestings, contexts on two models nested, forward without backward,
+gradient accumulation, tensors shared between layers, views and aliases of one
+storage, a backward returning a view of a reloaded tensor, retain_graph and
+double backward, failures inside the forward, and scopes (bad arguments are in
+test_eager_arguments.py). Gradients are compared bit for bit with the run
 without offload; leaks are checked on the runtime (pending waits, live pinned
 bytes). CPU tensors stand for device memory (device="cpu", the fake backend).
 """
@@ -231,6 +232,87 @@ def test_hf_gradient_checkpointing_inside_the_context(no_leaks):
         loss = model(ids, labels=ids).loss
     loss.backward()
     _assert_same_grads(_grads(model), want)
+
+
+# ---- two models, nested contexts -------------------------------------------
+
+
+def _stack(seed, device):
+    """Three Blocks in an nn.Sequential: a model that returns a hidden state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(Block(), Block(), Block()).to(device)
+
+
+def _assert_both_moved(*contexts):
+    for ctx in contexts:
+        stats = ctx.stats()
+        assert stats["inactive"] is None, stats
+        assert stats["bytes_offloaded"] > 0 and stats["bytes_reloaded"] > 0, stats
+
+
+@pytest.mark.parametrize("inner", ["b", "a"], ids=["first-model-inner", "first-model-outer"])
+def test_nested_contexts_on_a_chain_of_two_models(device, inner, no_leaks, copy_delay):
+    a, b, x = _stack(1, device), _stack(2, device), _input(device=device)
+    a(b(x)).square().mean().backward()
+    want_a, want_b = _grads(a), _grads(b)
+    a.zero_grad(set_to_none=True)
+    b.zero_grad(set_to_none=True)
+    outer_model, inner_model = (a, b) if inner == "b" else (b, a)
+    with _ctx(outer_model, device=device) as outer:
+        with _ctx(inner_model, device=device) as nested:
+            loss = a(b(x)).square().mean()  # b runs first and feeds a
+    loss.backward()
+    _assert_same_grads(_grads(a), want_a)
+    _assert_same_grads(_grads(b), want_b)
+    _assert_both_moved(outer, nested)
+    # What the inner model saved outside its layers, and all the outer model
+    # saved, went through the inner context to the outer one.
+    assert nested.stats()["handed_to_outer"] > 0
+    assert outer.stats()["tensors_seen"] > 0
+    del loss
+    for block in (*a, *b):
+        block.last_hidden = None
+
+
+def test_nested_contexts_with_two_independent_losses(device, no_leaks, copy_delay):
+    a, b, x = _stack(3, device), _stack(4, device), _input(device=device)
+    b(x * 2).square().mean().backward()
+    a(x).square().mean().backward()
+    want_a, want_b = _grads(a), _grads(b)
+    a.zero_grad(set_to_none=True)
+    b.zero_grad(set_to_none=True)
+    with _ctx(a, device=device) as ctx_a:
+        with _ctx(b, device=device) as ctx_b:
+            loss_a = a(x).square().mean()
+            loss_b = b(x * 2).square().mean()
+    loss_b.backward()
+    loss_a.backward()
+    _assert_same_grads(_grads(a), want_a)
+    _assert_same_grads(_grads(b), want_b)
+    _assert_both_moved(ctx_a, ctx_b)
+    for block in (*a, *b):
+        block.last_hidden = None
+
+
+def test_nested_context_under_a_foreign_hook_under_spillway_stays_inactive(no_leaks):
+    a, b, x = _stack(5, "cpu"), _stack(6, "cpu"), _input()
+    a(b(x)).sum().backward()
+    want_a, want_b = _grads(a), _grads(b)
+    a.zero_grad(set_to_none=True)
+    b.zero_grad(set_to_none=True)
+    with _ctx(a) as outer:
+        with torch.autograd.graph.save_on_cpu():  # another library's hooks, innermost
+            with _ctx(b) as nested:
+                loss = a(b(x)).sum()
+    loss.backward()
+    _assert_same_grads(_grads(a), want_a)
+    _assert_same_grads(_grads(b), want_b)
+    assert "saved-tensor hooks" in nested.stats()["inactive"]
+    assert outer.stats()["tensors_seen"] == 0  # save_on_cpu owned every saved tensor
+    del loss
+    for block in (*a, *b):
+        block.last_hidden = None
 
 
 # ---- lifetimes --------------------------------------------------------------
@@ -491,46 +573,7 @@ def test_small_storages_stay():
     assert stats["bytes_offloaded"] == 0 and stats["skipped"]["small"] > 0
 
 
-def test_cpu_model_without_device_argument_is_inactive():
-    model, x = Toy(), _input()
-    with offload_activations(model, scope="attn", min_bytes=0) as ctx:
-        model(x).backward()
-    assert ctx.stats()["inactive"] and "device='cpu'" in ctx.stats()["inactive"]
-
-
-# ---- bad arguments ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"min_bytes": -1}, "min_bytes must be >= 0"),
-    ({"prefetch": -2}, "prefetch must be >= 0"),
-    ({"lag": -1}, "lag must be >= 0"),
-    ({"prefetch": 1.5}, "prefetch must be an int"),
-    ({"device": "tpu"}, "unknown device 'tpu'"),
-    ({"device": "meta"}, "device meta is not supported"),
-    ({"scope": ""}, "scope must be"),
-])
-def test_bad_arguments_raise_value_error(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        offload_activations(Toy(), **{"scope": "attn", **kwargs})
-
-
-def test_model_must_be_a_module():
-    with pytest.raises(ValueError, match="must be a torch.nn.Module, got function"):
-        offload_activations(lambda x: x)
-
-
-def test_scope_matching_nothing_names_the_scope_and_lists_modules():
-    with pytest.raises(ValueError) as info:
-        offload_activations(Toy(), scope="self_attn", device="cpu")
-    text = str(info.value)
-    assert "'self_attn'" in text and "attn (Linear)" in text and "layers (ModuleList)" in text
-
-
-def test_missing_cuda_device_is_a_clear_error():
-    # No CUDA here: "torch has no usable CUDA"; a GPU machine: "there are N CUDA devices".
-    with pytest.raises(ValueError, match=r"\[eager\] device cuda:99: "):
-        offload_activations(Toy(), device="cuda:99")
+# ---- scope ------------------------------------------------------------------
 
 
 def test_scope_none_means_the_layer_list_and_the_modules_with_parameters_outside_it(no_leaks):
