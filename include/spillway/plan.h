@@ -258,9 +258,16 @@ struct PlanResult {
 
 // Plan activation offload for a joint forward+backward graph.
 // Throws InvalidArgument for options out of range or a scope that matches no
-// module of the graph (the message names the scope), InvalidGraph when `graph`
-// breaks verify_graph. The input is never modified.
+// module of the graph (the message names the scope and lists scope_names),
+// InvalidGraph when `graph` breaks verify_graph. The input is never modified.
 PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptions& options);
+
+// The names a scope can take in `graph`: the distinct last components of the
+// module paths on its nodes' stacks ("self_attn" of "model.layers.0.self_attn"),
+// in order of first appearance, without list indices ("0" of "model.layers.0").
+// Each one, given as ActivationPlanOptions::scope, matches. Empty when no node
+// carries a module stack.
+std::vector<std::string> scope_names(const Graph& graph);
 
 // Apply edits to a graph (insertions at anchors, then redirects), returning the
 // rewritten graph. The schemas of inserted spillway.* nodes are recorded in

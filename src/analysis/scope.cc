@@ -1,6 +1,7 @@
 #include "analysis/scope.h"
 
 #include <algorithm>
+#include <cctype>
 #include <unordered_set>
 
 namespace spillway::analysis {
@@ -94,6 +95,26 @@ const std::string* ScopeRoots::compute_root_of(const Node& node) const {
     if (const std::string* root = root_of_path(*it)) return root;
   }
   return nullptr;
+}
+
+std::vector<std::string> module_leaf_names(const Graph& graph) {
+  std::vector<std::string> names;
+  std::unordered_set<std::string_view> seen_paths;
+  std::unordered_set<std::string> seen_names;
+  for (const Node& node : graph.nodes) {
+    for (const std::string& path : node.module_stack) {
+      if (!seen_paths.insert(path).second) continue;
+      const std::size_t dot = path.rfind('.');
+      std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+      const bool list_index =
+          !leaf.empty() && std::all_of(leaf.begin(), leaf.end(), [](unsigned char c) {
+            return std::isdigit(c) != 0;
+          });
+      if (leaf.empty() || list_index) continue;
+      if (seen_names.insert(leaf).second) names.push_back(std::move(leaf));
+    }
+  }
+  return names;
 }
 
 }  // namespace spillway::analysis

@@ -54,4 +54,10 @@ class ScopeRoots {
   std::vector<const std::string*> root_;   // by position in graph_
 };
 
+// The distinct last components of the module paths on the stacks of `graph`'s
+// nodes, in order of first appearance, without list indices ("0" of
+// "model.layers.0"): the one-component names a scope can take in this graph.
+// Empty when no node carries a module stack.
+std::vector<std::string> module_leaf_names(const Graph& graph);
+
 }  // namespace spillway::analysis

@@ -50,5 +50,27 @@ TEST(ScopeTest, NestedRootsResolveToTheInnermost) {
   EXPECT_EQ(*scope.root_of(g.nodes[x.id]), "a.self_attn.inner.self_attn");
 }
 
+TEST(ScopeTest, ModuleLeafNamesAreDistinctInFirstAppearanceOrderWithoutListIndices) {
+  GraphBuilder b;
+  auto x = b.input("x", b.tensor({8}));
+  b.within("transformer.h.0.attn.c_attn");
+  b.call("aten.neg.default", {x}, b.tensor({8}));
+  b.within("transformer.h.0.mlp.c_proj");
+  b.call("aten.neg.default", {x}, b.tensor({8}));
+  b.within("transformer.h.1.attn.c_proj");
+  b.call("aten.neg.default", {x}, b.tensor({8}));
+  Graph g = b.build();
+  EXPECT_THAT(module_leaf_names(g),
+              ElementsAre("transformer", "h", "attn", "c_attn", "mlp", "c_proj"));
+  // Every name listed is a scope that matches.
+  for (const std::string& name : module_leaf_names(g)) EXPECT_FALSE(ScopeRoots(g, name).empty());
+}
+
+TEST(ScopeTest, ModuleLeafNamesOfAGraphWithoutStacksAreEmpty) {
+  GraphBuilder b;
+  b.input("x", b.tensor({8}));
+  EXPECT_TRUE(module_leaf_names(b.build()).empty());
+}
+
 }  // namespace
 }  // namespace spillway::analysis

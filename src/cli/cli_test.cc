@@ -258,6 +258,63 @@ TEST_F(CliTest, InvalidOptionValuesExitOne) {
   EXPECT_EQ(min_bytes.err.rfind("[", 0), 0u) << min_bytes.err;
 }
 
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+// GPT-2 calls its attention block `attn`: without --scope the command finds it
+// and says so; an explicit scope that GPT-2 lacks lists the names it has.
+TEST_F(CliTest, WithoutScopeGpt2PlansItsAttnBlockAndNamesIt) {
+  const fs::path graph = fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/gpt2-tiny.json.zst";
+  if (!fs::exists(graph)) GTEST_SKIP() << "missing " << graph;
+  const CliRun text = run("plan '" + graph.string() + "'");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("scope:              attn (no --scope: the first found of self_attn, "
+                          "attn, attention, self_attention)\n"),
+            std::string::npos)
+      << text.out;
+  const CliRun json = run("plan --json '" + graph.string() + "'");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json summary = nlohmann::json::parse(json.out);
+  EXPECT_EQ(summary.at("scope"), "attn");
+  EXPECT_GT(summary.at("chosen").get<int>(), 0);
+  EXPECT_GT(summary.at("bytes_offloaded").get<std::int64_t>(), 0);
+
+  const CliRun given = run("plan --scope mlp '" + graph.string() + "'");
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  EXPECT_NE(given.out.find("scope:              mlp\n"), std::string::npos) << given.out;
+}
+
+TEST_F(CliTest, ScopeThatMatchesNothingListsTheGraphsModuleNames) {
+  const fs::path gpt2 = fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/gpt2-tiny.json.zst";
+  if (!fs::exists(gpt2)) GTEST_SKIP() << "missing " << gpt2;
+  const CliRun given = run("plan --scope self_attn '" + gpt2.string() + "'");
+  EXPECT_EQ(given.exit_code, 1);
+  EXPECT_EQ(given.err,
+            "[plan] scope 'self_attn' matches no module in graph 'gpt2-tiny joint fwd+bwd'; its "
+            "module names are: transformer, wte, wpe, drop, ln_1, attn, c_attn, c_proj, "
+            "resid_dropout, ln_2, mlp, c_fc, act, dropout, ln_f, lm_head\n");
+  EXPECT_TRUE(given.out.empty()) << given.out;
+
+  // No --scope, and none of the default names: the command says what to pass.
+  const fs::path mixer =
+      write_file("mixer.json", replace_all(kTwoLayerGraph, "self_attn", "mixer"));
+  const CliRun defaulted = run("plan '" + mixer.string() + "'");
+  EXPECT_EQ(defaulted.exit_code, 1);
+  EXPECT_EQ(defaulted.err,
+            "[cli] no --scope given and graph 'two-layer test graph' has no module named "
+            "self_attn, attn, attention, self_attention; pass --scope with one of its module "
+            "names: mixer, mlp\n");
+  const CliRun mixer_json = run("plan --json --scope mixer '" + mixer.string() + "'");
+  ASSERT_EQ(mixer_json.exit_code, 0) << mixer_json.err;
+  EXPECT_EQ(nlohmann::json::parse(mixer_json.out).at("bytes_offloaded").get<std::int64_t>(),
+            kTwoLayerBytes);
+}
+
 // The two self_attn regions follow each other (grad_1, then grad_0 and
 // grad_00). Anchored at region starts, both layer 0 reloads move before
 // grad_1; anchored at region ends, they go after grad_1: relu_0's reload

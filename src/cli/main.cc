@@ -3,6 +3,8 @@
 // `spillway --help` for the exit codes.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/plan_report.h"
@@ -36,6 +39,19 @@ constexpr const char* kExitCodeHelp =
 
 // The graph `spillway plan` uses when none is named, relative to the source tree.
 constexpr const char* kDefaultGraph = "examples/graphs/llama3-8b-s8192-cuda.json.zst";
+
+// Without --scope, the first of these that names a module of the graph: the
+// attention block's name in Llama-family models, GPT-2, and others.
+constexpr std::array<std::string_view, 4> kDefaultScopes{"self_attn", "attn", "attention",
+                                                         "self_attention"};
+
+// "a, b, c".
+template <typename Names>
+std::string join_names(const Names& names) {
+  std::string joined;
+  for (std::string_view name : names) joined.append(joined.empty() ? "" : ", ").append(name);
+  return joined;
+}
 
 // A file could not be found, read or written. Maps to exit code 3.
 class IoError : public Error {
@@ -88,7 +104,8 @@ Graph load_verified(const std::string& path) {
 
 struct PlanArgs {
   std::string graph_path;
-  std::string scope = ActivationPlanOptions{}.scope;
+  std::string scope;
+  bool scope_given = false;  // false: default_scope() picks one from the graph
   std::string mode = "scope";
   double host_budget_gib = 0.0;
   std::int64_t min_bytes = ActivationPlanOptions{}.min_bytes;
@@ -135,10 +152,29 @@ ActivationPlanOptions to_options(const PlanArgs& args) {
   return options;
 }
 
+// The first of kDefaultScopes that names a module of `graph`. Throws
+// InvalidArgument listing the graph's module names when none does.
+std::string default_scope(const Graph& graph) {
+  const std::vector<std::string> names = scope_names(graph);
+  for (std::string_view scope : kDefaultScopes) {
+    if (std::find(names.begin(), names.end(), scope) != names.end()) return std::string(scope);
+  }
+  const std::string message = "no --scope given and graph '" + graph.name +
+                              "' has no module named " + join_names(kDefaultScopes) + "; ";
+  if (names.empty()) throw InvalidArgument("cli", message + "no node of it carries a module stack");
+  throw InvalidArgument("cli", message + "pass --scope with one of its module names: " +
+                                   join_names(names));
+}
+
 int run_plan(const PlanArgs& args) {
-  const ActivationPlanOptions options = to_options(args);
+  ActivationPlanOptions options = to_options(args);
   const std::string path = args.graph_path.empty() ? resolve_default_graph() : args.graph_path;
   const Graph graph = load_verified(path);
+  std::string scope_note;
+  if (!args.scope_given && options.mode == ActivationMode::kScope) {
+    options.scope = default_scope(graph);
+    scope_note = "(no --scope: the first found of " + join_names(kDefaultScopes) + ")";
+  }
   const PlanResult result = plan_activation_offload(graph, options);
   verify_offload_graph(graph, result.graph);
   if (!args.emit_graph.empty()) save_graph(result.graph, args.emit_graph);
@@ -146,7 +182,8 @@ int run_plan(const PlanArgs& args) {
   if (args.json) {
     std::cout << format_plan_json(graph, result) << "\n";
   } else {
-    std::cout << "file:               " << path << "\n" << format_plan_text(graph, result);
+    std::cout << "file:               " << path << "\n"
+              << format_plan_text(graph, result, scope_note);
     if (!args.emit_graph.empty()) {
       std::cout << "\nwrote the rewritten graph (" << result.graph.nodes.size() << " nodes) to "
                 << args.emit_graph << "\n";
@@ -214,7 +251,8 @@ int main_impl(int argc, char** argv) {
       "GRAPH", plan_args.graph_path,
       std::string("Graph file (.json or .json.zst); default: the built-in ") + kDefaultGraph);
   plan->add_option("--scope", plan_args.scope,
-                   "Leaf module name whose activations may move (default: self_attn)");
+                   "Leaf module name whose activations may move (default: the first of " +
+                       join_names(kDefaultScopes) + " that the graph has)");
   plan->add_option("--mode", plan_args.mode, "scope: plan over --scope; none: plan nothing")
       ->default_str("scope");
   plan->add_option("--host-budget-gib", plan_args.host_budget_gib,
@@ -253,6 +291,7 @@ int main_impl(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
   }
+  plan_args.scope_given = plan->count("--scope") > 0;
   if (*plan) return run_guarded([&] { return run_plan(plan_args); });
   return run_guarded([&] { return run_validate(validate_path); });
 }

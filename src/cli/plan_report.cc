@@ -119,7 +119,8 @@ std::string format_shape(const TensorInfo& tensor) {
   return out + "]";
 }
 
-std::string format_plan_text(const Graph& original, const PlanResult& result) {
+std::string format_plan_text(const Graph& original, const PlanResult& result,
+                             std::string_view scope_note) {
   const Plan& plan = result.plan;
   const NodeIndex index = index_nodes(result.graph);
   const PhaseCounts phases = count_phases(original);
@@ -132,7 +133,9 @@ std::string format_plan_text(const Graph& original, const PlanResult& result) {
     out << "mode:               none (nothing planned; the graph is unchanged)\n";
     return out.str();
   }
-  out << "scope:              " << plan.options.scope << "\n";
+  out << "scope:              " << plan.options.scope;
+  if (!scope_note.empty()) out << " " << scope_note;
+  out << "\n";
   out << "min bytes:          " << human_bytes(plan.options.min_bytes) << "\n";
   if (plan.options.offload_tuple_outputs || plan.options.dense_storages) {
     out << "relaxations:        "

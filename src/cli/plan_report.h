@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "spillway/graph.h"
 #include "spillway/plan.h"
@@ -26,8 +27,10 @@ inline constexpr int kSkipExamplesPerRule = 3;
 // The readable summary of `result`, planned from `original` (the graph before
 // edits): header facts, the chosen values as a table, then why each forward
 // value of at least `min_bytes` was skipped, condensed to a count per rule and
-// the first kSkipExamplesPerRule examples.
-std::string format_plan_text(const Graph& original, const PlanResult& result);
+// the first kSkipExamplesPerRule examples. `scope_note`, when not empty,
+// follows the scope on its line (how the scope was chosen).
+std::string format_plan_text(const Graph& original, const PlanResult& result,
+                             std::string_view scope_note = {});
 
 // The same facts as one JSON object (see README.md, "spillway plan --json").
 std::string format_plan_json(const Graph& original, const PlanResult& result);

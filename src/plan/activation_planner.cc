@@ -114,6 +114,19 @@ void validate(const ActivationPlanOptions& options) {
   }
 }
 
+// The error for a scope no module of `graph` has: it lists the names that would match.
+InvalidArgument scope_matches_nothing(const Graph& graph, const std::string& scope) {
+  std::string message =
+      "scope '" + scope + "' matches no module in graph '" + graph.name + "'; ";
+  const std::vector<std::string> names = analysis::module_leaf_names(graph);
+  if (names.empty()) {
+    return InvalidArgument("plan", message + "no node of it carries a module stack");
+  }
+  message += "its module names are: ";
+  for (std::size_t i = 0; i < names.size(); ++i) message += (i == 0 ? "" : ", ") + names[i];
+  return InvalidArgument("plan", message);
+}
+
 }  // namespace
 
 std::string_view to_string(Rule rule) {
@@ -137,6 +150,10 @@ std::string_view to_string(EditKind kind) {
   return "unknown";
 }
 
+std::vector<std::string> scope_names(const Graph& graph) {
+  return analysis::module_leaf_names(graph);
+}
+
 PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptions& options) {
   validate(options);
   verify_graph(graph);
@@ -148,10 +165,7 @@ PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptio
   }
 
   const analysis::ScopeRoots scope(graph, options.scope);
-  if (scope.empty()) {
-    throw InvalidArgument("plan", "scope '" + options.scope + "' matches no module in graph '" +
-                                      graph.name + "'");
-  }
+  if (scope.empty()) throw scope_matches_nothing(graph, options.scope);
   const analysis::GraphIndex index(graph);
   const analysis::StorageGroups groups(index);
   const analysis::StorageSafety safety(index, groups);

@@ -9,6 +9,7 @@
 namespace spillway::plan::test {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string error_of(const Graph& g, const ActivationPlanOptions& options) {
@@ -41,12 +42,25 @@ TEST(PlanOptionsTest, NegativeOptionsAreRejectedByName) {
   EXPECT_THAT(error_of(g, options), HasSubstr("[plan] option prefetch_anchor is 7"));
 }
 
-TEST(PlanOptionsTest, ScopeThatMatchesNothingNamesScopeAndGraph) {
+TEST(PlanOptionsTest, ScopeThatMatchesNothingNamesScopeGraphAndTheScopesThatWould) {
   AttentionGraph a;
   Graph g = a.finish();
   ActivationPlanOptions options;
   options.scope = "cross_attn";
-  EXPECT_EQ(error_of(g, options), "[plan] scope 'cross_attn' matches no module in graph 'attn'");
+  EXPECT_EQ(error_of(g, options),
+            "[plan] scope 'cross_attn' matches no module in graph 'attn'; its module names are: "
+            "model, layers, self_attn");
+  EXPECT_THAT(scope_names(g), ElementsAre("model", "layers", "self_attn"));
+}
+
+TEST(PlanOptionsTest, ScopeInAGraphWithoutModuleStacksSaysSo) {
+  GraphBuilder b{"loss only"};
+  auto x = b.input("x", two_mib());
+  b.output({b.call("aten.relu.default", {x}, two_mib())});
+  ActivationPlanOptions options;
+  EXPECT_EQ(error_of(b.build(), options),
+            "[plan] scope 'self_attn' matches no module in graph 'loss only'; no node of it "
+            "carries a module stack");
 }
 
 TEST(PlanOptionsTest, ModeNoneReturnsTheGraphUnchangedAndAnEmptyPlan) {
