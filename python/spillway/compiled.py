@@ -46,9 +46,19 @@ Dynamic shapes: the exporter and the edits read size hints only, with guard
 recording suppressed; unbacked sizes are never offloaded (the planner's
 unknown_size rule). The pass adds no guard.
 
-Errors: options out of range raise ValueError from compile() at once; a scope
-that matches no module of a graph raises ValueError (the planner's message,
-naming the scope) from the first call that compiles that graph.
+Scope and graph breaks: a model whose forward Dynamo splits into several
+graphs (Hugging Face GPT-2 called with labels breaks at the loss function)
+compiles one joint graph per piece, and a piece may hold no scope module at
+all (the loss alone). Such a graph plans nothing and is left unchanged; its
+plan says so (CompiledPlan.scope_in_graph). A scope that matches no module of
+the model is an error at compile() (for a plain function, whose modules are
+unknown up front, a warning names each graph without a scope module).
+
+Errors: a bad option (a value of the wrong type or out of range, an unknown
+backend, a scope naming no module of the model: the message lists the
+model's modules) raises ValueError from compile() at once; a graph the
+planner refuses raises the planner's ValueError from the first call that
+compiles it.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ import collections
 import dataclasses
 import json
 import threading
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -66,6 +77,7 @@ from spillway import _C
 from spillway import ops as _ops  # registers the fake kernels  # noqa: F401
 from spillway._compiled_apply import EditReplayer
 from spillway._compiled_cse import merge_common_subexpressions
+from spillway._module_labels import leaf_name, module_labels
 from spillway.fx_export import export_graph_module
 
 __all__ = ["CompiledPlan", "compile", "last_plans", "spillway_op_counts"]
@@ -92,6 +104,8 @@ class CompiledPlan:
     forward_replays / backward_replays: names of the replayed nodes
     ("spillway_replay_<name>": views and, with replay_pointwise, pointwise
     ops rebuilt from reloads) in the forward and backward graphs.
+    scope_in_graph: whether a module of the scope runs in this graph; when not
+    (a piece of a model split by a graph break), the graph is left unchanged.
     """
 
     plan: dict
@@ -100,6 +114,7 @@ class CompiledPlan:
     forward_outputs: list[str] = dataclasses.field(default_factory=list)
     forward_replays: list[str] = dataclasses.field(default_factory=list)
     backward_replays: list[str] = dataclasses.field(default_factory=list)
+    scope_in_graph: bool = True
 
     @property
     def chosen(self) -> list[str]:
@@ -180,10 +195,14 @@ class _Session:
         self.module_names = module_names
         self.plans: list[CompiledPlan] = []
         self.lock = threading.Lock()
-        # The plan whose partitioned graphs come next (aot_autograd compiles the
-        # forward right after partitioning; the backward may compile later).
+        # The plan whose forward graph comes next (aot_autograd compiles the
+        # forward right after partitioning), and the plans whose backward has
+        # not been seen, with the node names of their joint graphs. Backwards
+        # compile later and, with a graph break, in another order (the last
+        # piece's backward runs first): each goes to the plan whose joint
+        # graph shares the most node names with it (the partitioner keeps them).
         self.pending_forward: CompiledPlan | None = None
-        self.pending_backward: collections.deque[CompiledPlan] = collections.deque()
+        self.pending_backward: list[tuple[CompiledPlan, frozenset[str]]] = []
 
     # -- the joint pass -----------------------------------------------------------
 
@@ -194,8 +213,14 @@ class _Session:
         merged = merge_common_subexpressions(graph)
         exported = export_graph_module(gm, module_names=self.module_names,
                                        name="torch.compile joint graph")
+        scope = self.plan_options["scope"]
+        in_graph = _scope_in_graph(exported, scope)
+        options = self.plan_options if in_graph else dict(self.plan_options, mode="none")
+        if not in_graph and self.module_names is None:
+            warnings.warn(f"[compiled] scope {scope!r} matches no module of a compiled graph: "
+                          "nothing in it is offloaded", stacklevel=2)
         try:
-            plan_json = _C.plan_activation_offload(json.dumps(exported), **self.plan_options)
+            plan_json = _C.plan_activation_offload(json.dumps(exported), **options)
         except ValueError as e:
             raise _PlanRejected(e) from e
         plan = json.loads(plan_json)
@@ -204,11 +229,11 @@ class _Session:
         if plan["edit_list"] or merged:
             graph.lint()
             gm.recompile()
-        record = CompiledPlan(plan)
+        record = CompiledPlan(plan, scope_in_graph=in_graph)
         with self.lock:
             self.plans.append(record)
             self.pending_forward = record
-            self.pending_backward.append(record)
+            self.pending_backward.append((record, frozenset(n.name for n in graph.nodes)))
 
     # -- seeing the partitioned graphs ----------------------------------------------
 
@@ -217,8 +242,11 @@ class _Session:
         replays = [n.name for n in graph.nodes if n.name.startswith("spillway_replay_")]
         with self.lock:
             if backward:
-                record = self.pending_backward.popleft() if self.pending_backward else None
-                if record is not None:
+                if self.pending_backward:
+                    names = {n.name for n in graph.nodes if n.op == "call_function"}
+                    best = max(range(len(self.pending_backward)),
+                               key=lambda i: len(names & self.pending_backward[i][1]))
+                    record, _ = self.pending_backward.pop(best)
                     record.backward_ops = counts
                     record.backward_replays = replays
             else:
@@ -324,12 +352,54 @@ def _aot_eager_backend(session: _Session) -> Any:
     return lambda gm, example_inputs: _guarded(backend, gm, example_inputs)
 
 
+def _scope_in_graph(exported: dict, scope: str) -> bool:
+    """Whether a module named `scope` (its last component) runs in the exported graph."""
+    return any(leaf_name(path) == scope
+               for node in exported["nodes"] for path in node.get("module_stack", ()))
+
+
+def _check_types(plan_options: dict, backend: Any) -> None:
+    """ValueError naming the option for a value of the wrong type."""
+    def shown(value: Any) -> str:
+        return f"{value!r} ({type(value).__name__})"
+
+    scope = plan_options["scope"]
+    if not isinstance(scope, str) or not scope:
+        raise ValueError("[compiled] scope must be the name of a module (the last component "
+                         f"of its qualified name, e.g. 'mlp'), got {shown(scope)}")
+    for name in ("host_budget_bytes", "min_bytes", "prefetch_regions"):
+        value = plan_options[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            shown_name = "prefetch" if name == "prefetch_regions" else name
+            raise ValueError(f"[compiled] {shown_name} must be an int, got {shown(value)}")
+    if not isinstance(plan_options["prefetch_anchor"], str):
+        raise ValueError("[compiled] prefetch_anchor must be 'start' or 'end', got "
+                         f"{shown(plan_options['prefetch_anchor'])}")
+    if not isinstance(backend, str):
+        raise ValueError("[compiled] backend must be 'inductor' or 'aot_eager', got "
+                         f"{shown(backend)}")
+
+
 def _check_options(plan_options: dict) -> None:
     """Raises the planner's ValueError now for options out of range."""
     probe = {"format": "spillway.graph", "version": 1, "nodes": [
         {"id": 0, "name": "x", "kind": "placeholder", "target": "x",
          "module_stack": [plan_options["scope"]]}]}
     _C.plan_activation_offload(json.dumps(probe), **plan_options)
+
+
+def _check_scope_in_model(model: torch.nn.Module, scope: str) -> None:
+    """ValueError listing the model's modules when no module of it is named `scope`."""
+    names = [name for name, _ in model.named_modules(remove_duplicate=False)]
+    if any(leaf_name(name) == scope for name in names):
+        return
+    classes = sorted({leaf_name(name) for name, m in model.named_modules(remove_duplicate=False)
+                      if type(m).__name__ == scope and name})
+    hint = (f" ({scope!r} is a class name here; the compiled path takes module names: "
+            f"{', '.join(repr(c) for c in classes)})" if classes else "")
+    raise ValueError(f"[compiled] scope {scope!r} matches no module of "
+                     f"{type(model).__name__}{hint}; modules there include: "
+                     f"{module_labels(model)}")
 
 
 def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: int = 0,
@@ -363,9 +433,11 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     Other keyword arguments go to torch.compile (fullgraph, mode, options —
     the last two for inductor only).
 
-    Returns what torch.compile returns. Raises ValueError at once for options
-    out of range or an unknown backend; see the module docstring for errors at
-    compile time. Thread-safety: as torch.compile.
+    Returns what torch.compile returns. Raises ValueError at once for an
+    option of the wrong type or out of range, an unknown backend, or a scope
+    that names no module of the model (the message lists the model's
+    modules); see the module docstring for errors at compile time.
+    Thread-safety: as torch.compile.
     """
     global _latest
     plan_options = {"scope": scope, "host_budget_bytes": host_budget_bytes,
@@ -374,9 +446,11 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
                     "offload_tuple_outputs": bool(offload_tuple_outputs),
                     "dense_storages": bool(dense_storages),
                     "replay_pointwise": bool(replay_pointwise)}
+    _check_types(plan_options, backend)
     _check_options(plan_options)
     module_names = None
     if isinstance(model_or_fn, torch.nn.Module):
+        _check_scope_in_model(model_or_fn, scope)
         module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}
     session = _Session(plan_options, module_names)
     mode = torch_compile_kwargs.pop("mode", None)

@@ -93,6 +93,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from spillway import ops
+from spillway._module_labels import leaf_name, module_labels
 from spillway._eager_store import _Entry, _Handle, _Kept, _Layer, version_witness
 
 __all__ = ["offload_activations", "OffloadActivations"]
@@ -226,15 +227,10 @@ def _scope_modules(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
     names = _scope_names(scope)
     wanted = set(names)
     found = [(name, m) for name, m in model.named_modules()
-             if name.rsplit(".", 1)[-1] in wanted or type(m).__name__ in wanted]
+             if leaf_name(name) in wanted or type(m).__name__ in wanted]
     if not found:
-        seen = []
-        for name, m in model.named_modules():
-            label = f"{name.rsplit('.', 1)[-1] or '<root>'} ({type(m).__name__})"
-            if label not in seen:
-                seen.append(label)
         raise ValueError(f"[eager] scope {scope!r} matches no module of {type(model).__name__}; "
-                         f"modules there include: {', '.join(seen[:12])}")
+                         f"modules there include: {module_labels(model)}")
     return found
 
 

@@ -56,6 +56,40 @@ def tiny_gpt2(seed: int, device="cpu", dtype=torch.float32, *, layers: int = 2,
     return model, _input_ids(seed, vocab, batch, seq, device)
 
 
+# Hugging Face causal LMs beyond Llama and GPT-2, as tiny_causal_lm builds them:
+# (config class, model class, architecture-specific config keywords).
+_ARCHITECTURES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),  # GQA, biased q/k/v projections
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",  # fused qkv and gate_up projections
+             {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "resid_pdrop": 0.0,
+              "embd_pdrop": 0.0}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",  # fused qkv, partial rotary, GELU
+                 {"hidden_dropout": 0.0, "attention_dropout": 0.0, "rotary_pct": 0.25}),
+}
+ARCHITECTURES = tuple(_ARCHITECTURES)
+
+
+def tiny_causal_lm(arch: str, seed: int, device="cpu", dtype=torch.float32, *,
+                   layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                   vocab: int = 128, batch: int = 2, seq: int = 32):
+    """A tiny model of one of ARCHITECTURES (sdpa attention, no dropout) and input ids."""
+    import transformers
+
+    config_name, model_name, extra = _ARCHITECTURES[arch]
+    sizes = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                 num_attention_heads=heads, vocab_size=vocab,
+                 max_position_embeddings=max(64, seq), attn_implementation="sdpa")
+    if arch != "gpt_neox":
+        sizes["num_key_value_heads"] = kv_heads
+    config = getattr(transformers, config_name)(**sizes, **extra)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, model_name)(config)
+    model.to(device=device, dtype=dtype).train()
+    return model, _input_ids(seed, vocab, batch, seq, device)
+
+
 @contextlib.contextmanager
 def deterministic_cuda():
     """Math SDPA and deterministic kernels, so two plain runs agree bit for bit."""
