@@ -34,6 +34,14 @@ methods and records, per step,
 the memory allocated at the step's start, its peak, and the pinned pool's
 bytes, to show both stay flat.
 
+--profile DIR profiles one more step of each method with torch.profiler,
+writes its Chrome trace to DIR/<method>.trace.json.gz and adds a summary to
+the results: per CUDA stream the kernel and copy time, the compute stream's
+busy and idle time over the step, and the kernels by name; the markdown then
+compares each method's kernels with those of `compiled` (or `none`), so a
+slowdown shows as extra or slower kernels (what fusion changed, copies
+contending for memory bandwidth) or as idle compute time (waits).
+
 --tiny runs a 2-layer toy shape (for a smoke test on any device, CPU included;
 spillway then uses its fake backend, and peak memory is not measured on CPU).
 """
@@ -159,6 +167,72 @@ def _step_fn(name: str, options: dict, model, device: str):
     raise SystemExit(f"[t1] unknown method '{name}'")
 
 
+def _merged_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def summarize_trace(path: str) -> dict:
+    """Kernel and copy time per stream, the compute stream's idle time, kernels by name (us)."""
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                      "gpu_memset")]
+    if not gpu:
+        return {}
+    streams: dict = {}
+    for e in gpu:
+        s = streams.setdefault(str(e.get("args", {}).get("stream", e.get("tid"))),
+                               {"kernel_us": 0.0, "kernels": 0, "copy_us": 0.0, "copies": {},
+                                "intervals": []})
+        if e["cat"] == "kernel":
+            s["kernel_us"] += e["dur"]
+            s["kernels"] += 1
+        else:
+            kind = (e["name"].split(" ") + [""])[1] if e["cat"] == "gpu_memcpy" else "memset"
+            s["copies"][kind] = s["copies"].get(kind, 0.0) + e["dur"]
+            s["copy_us"] += e["dur"]
+        s["intervals"].append((e["ts"], e["ts"] + e["dur"]))
+    compute = max(streams, key=lambda k: streams[k]["kernel_us"])
+    start = min(e["ts"] for e in gpu)
+    span = max(e["ts"] + e["dur"] for e in gpu) - start
+    busy = _merged_length(streams[compute]["intervals"])
+    by_name: dict = {}
+    for e in gpu:
+        if e["cat"] == "kernel" and str(e.get("args", {}).get("stream", e.get("tid"))) == compute:
+            entry = by_name.setdefault(e["name"][:90], [0, 0.0])
+            entry[0] += 1
+            entry[1] += e["dur"]
+    for s in streams.values():
+        del s["intervals"]
+    return {"span_us": span, "compute_stream": compute, "compute_busy_us": busy,
+            "compute_idle_us": span - busy, "streams": streams,
+            "kernels_by_name": {k: [c, round(t, 1)] for k, (c, t) in
+                                sorted(by_name.items(), key=lambda kv: -kv[1][1])}}
+
+
+def _profile_step(one_step, out_dir: str, spec: str) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
+                        + ".trace.json.gz")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        one_step()
+    prof.export_chrome_trace(path)
+    summary = summarize_trace(path)
+    summary["trace"] = os.path.basename(path)
+    return summary
+
+
 def _pool_bytes(device: str) -> dict:
     try:
         from spillway import _C
@@ -220,6 +294,8 @@ def run_one(spec: str, args) -> dict:
         peak_allocated_gib=max(peaks) / GIB if cuda else None,
         weights_and_grads_gib=(torch.cuda.memory_allocated() / GIB) if cuda else None,
         loss_first=losses[0], method_stats=stats())
+    if args.profile and cuda:
+        result["profile"] = _profile_step(one_step, args.profile, spec)
     if name.startswith("spillway"):
         result["pool"] = _pool_bytes(device)
         if flat_steps:
@@ -272,7 +348,50 @@ def render(results: list[dict], command: str) -> str:
             cells = [f"{a} / {b}" for a, b in (f["start_alloc_min_max"], f["peak_min_max"],
                                                 f["pinned_min_max"])]
             out.append(f"| {r['method']} | {f['steps']} | " + " | ".join(cells) + " |")
+    profiled = [r for r in results if r.get("profile")]
+    if profiled:
+        out.extend(_render_profiles(profiled, base))
     return "\n".join(out) + "\n"
+
+
+def _render_profiles(profiled: list[dict], base: dict) -> list[str]:
+    out = ["\nOne profiled step per method (torch.profiler; ms of GPU time; compute = the "
+           "stream with the most kernel time; idle = the step's GPU span minus the compute "
+           "stream's busy time):\n",
+           "| method | GPU span | compute busy | compute idle | kernels | kernel ms | "
+           "other streams: kernel / copy ms |",
+           "|---|---|---|---|---|---|---|"]
+    for r in profiled:
+        p = r["profile"]
+        compute = p["streams"][p["compute_stream"]]
+        others = [f"{k}: {v['kernel_us'] / 1e3:.1f} / {v['copy_us'] / 1e3:.1f}"
+                  for k, v in p["streams"].items() if k != p["compute_stream"]]
+        out.append(f"| {r['method']} | {p['span_us'] / 1e3:.1f} | {p['compute_busy_us'] / 1e3:.1f} "
+                   f"| {p['compute_idle_us'] / 1e3:.1f} | {compute['kernels']} | "
+                   f"{compute['kernel_us'] / 1e3:.1f} | {'; '.join(others) or '-'} |")
+    reference = next((base[m] for m in ("compiled", "none") if base.get(m, {}).get("profile")),
+                     None)
+    if reference is None:
+        return out
+    want = reference["profile"]["kernels_by_name"]
+    for r in profiled:
+        if r is reference:
+            continue
+        got = r["profile"]["kernels_by_name"]
+        rows = []
+        for name in set(got) | set(want):
+            (gc, gt), (wc, wt) = got.get(name, (0, 0.0)), want.get(name, (0, 0.0))
+            if gc != wc or abs(gt - wt) > 200:
+                rows.append((gt - wt, name, gc, wc, gt, wt))
+        rows.sort(key=lambda row: -abs(row[0]))
+        out.append(f"\nKernels of {r['method']} against {reference['method']} on the compute "
+                   "stream (largest time differences first; count and ms):\n")
+        out.append("| kernel | count | ms | reference count | reference ms | difference ms |")
+        out.append("|---|---|---|---|---|---|")
+        for diff, name, gc, wc, gt, wt in rows[:15]:
+            out.append(f"| `{name}` | {gc} | {gt / 1e3:.2f} | {wc} | {wt / 1e3:.2f} | "
+                       f"{diff / 1e3:+.2f} |")
+    return out
 
 
 def main() -> int:
@@ -286,6 +405,8 @@ def main() -> int:
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per method")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="profile one more step per method; traces go to DIR")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     parser.add_argument("--one", help=argparse.SUPPRESS)
