@@ -108,6 +108,18 @@ struct ActivationPlanOptions {
   //   backward reader, and none moves to or before its forward wait.
   enum class PrefetchAnchor { kRegionStart, kRegionEnd };
   PrefetchAnchor prefetch_anchor = PrefetchAnchor::kRegionStart;
+  // How long the device copy of a moved value stays after its last forward
+  // use, in forward scope regions (>= 0). 0, the reference: the forward wait
+  // (where the compute stream waits for the D2H and the device memory can go)
+  // sits right after the last use. N > 0: it sits no earlier than the first
+  // node of the forward scope region N regions after the one that produced
+  // the value (the next layer's attention for N = 1), so the copy overlaps
+  // that much compute instead of stalling the stream when the last use
+  // follows the producer closely (SDPA's output, read once right after it);
+  // the device memory is held that much longer. A value of the last N
+  // regions, with no such region after it, keeps the reference placement.
+  // Forward regions are located like the backward ones (analysis/regions.h).
+  int release_lag = 0;
 };
 
 // The rule that decided a value's fate. Each has a named, tested function in

@@ -86,7 +86,7 @@ void init_plan(py::module_& m) {
       [](const std::string& graph_json, const std::string& scope, std::int64_t host_budget_bytes,
          std::int64_t min_bytes, int prefetch_regions, const std::string& mode,
          bool offload_tuple_outputs, bool dense_storages, bool replay_pointwise,
-         const std::string& prefetch_anchor) {
+         const std::string& prefetch_anchor, int release_lag) {
         ActivationPlanOptions options;
         options.scope = scope;
         options.host_budget_bytes = host_budget_bytes;
@@ -95,6 +95,7 @@ void init_plan(py::module_& m) {
         options.offload_tuple_outputs = offload_tuple_outputs;
         options.dense_storages = dense_storages;
         options.replay_pointwise = replay_pointwise;
+        options.release_lag = release_lag;
         try {
           options.mode = parse_mode(mode);
           options.prefetch_anchor = parse_prefetch_anchor(prefetch_anchor);
@@ -117,13 +118,15 @@ void init_plan(py::module_& m) {
       py::arg("dense_storages") = ActivationPlanOptions{}.dense_storages,
       py::arg("replay_pointwise") = ActivationPlanOptions{}.replay_pointwise,
       py::arg("prefetch_anchor") = "start",
+      py::arg("release_lag") = ActivationPlanOptions{}.release_lag,
       "Plans activation offload for a joint forward+backward graph given as Spillway graph "
       "JSON (docs/graph-format.md) and returns the plan as JSON text: the fields of "
       "`spillway plan --json` (decisions with rule names, offloads, counts) plus 'edit_list', "
       "the edits in application order (kind, source; insertions: the new node as the "
       "rewritten graph holds it, anchor, placement 'after'/'before'; redirects: reader, from, "
-      "to). mode 'none' plans nothing; offload_tuple_outputs, dense_storages and "
-      "replay_pointwise are the ActivationPlanOptions of those names (include/spillway/plan.h); "
+      "to). mode 'none' plans nothing; offload_tuple_outputs, dense_storages, "
+      "replay_pointwise and release_lag are the ActivationPlanOptions of those names "
+      "(include/spillway/plan.h); "
       "prefetch_anchor 'start' (default, the reference) or 'end' is "
       "ActivationPlanOptions::prefetch_anchor kRegionStart / kRegionEnd. Raises ValueError for "
       "an option out of range, a scope that matches no module (the message names it) or an "

@@ -367,7 +367,7 @@ def _check_types(plan_options: dict, backend: Any) -> None:
     if not isinstance(scope, str) or not scope:
         raise ValueError("[compiled] scope must be the name of a module (the last component "
                          f"of its qualified name, e.g. 'mlp'), got {shown(scope)}")
-    for name in ("host_budget_bytes", "min_bytes", "prefetch_regions"):
+    for name in ("host_budget_bytes", "min_bytes", "prefetch_regions", "release_lag"):
         value = plan_options[name]
         if isinstance(value, bool) or not isinstance(value, int):
             shown_name = "prefetch" if name == "prefetch_regions" else name
@@ -404,6 +404,7 @@ def _check_scope_in_model(model: torch.nn.Module, scope: str) -> None:
 
 def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: int = 0,
             min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
+            release_lag: int = 1,
             offload_tuple_outputs: bool = False,
             dense_storages: bool = False, replay_pointwise: bool = True,
             backend: str = "inductor",
@@ -423,6 +424,14 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     prefetch 1, "start" left two layers' MLP values live at the backward's peak
     (see test_cuda_offload_lowers_peak_memory). When scope regions follow each
     other with no gap, "end" gives prefetch - 1 regions of lead.
+    release_lag: how many scope regions a moved value's device copy outlives
+    its last forward use (ActivationPlanOptions::release_lag): with 1 (the
+    default here; 0 in the planner) the forward wait sits at the start of the
+    next layer's scope region, so the D2H overlaps the rest of the layer
+    instead of stalling the stream when the last use follows the producer
+    closely (T1, scope self_attn with both relaxations, H200, 2026-11-30:
+    with 0 the compute stream sat idle 32 ms of a 272 ms step, 29 ms of it
+    in the forward right after each SDPA and o_proj).
     offload_tuple_outputs, dense_storages: the
     planner's opt-in relaxations (include/spillway/plan.h): values whose last
     forward use returns a tuple (SDPA), and non-contiguous dense values (rotary
@@ -442,7 +451,7 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     global _latest
     plan_options = {"scope": scope, "host_budget_bytes": host_budget_bytes,
                     "min_bytes": min_bytes, "prefetch_regions": prefetch,
-                    "prefetch_anchor": prefetch_anchor,
+                    "prefetch_anchor": prefetch_anchor, "release_lag": release_lag,
                     "offload_tuple_outputs": bool(offload_tuple_outputs),
                     "dense_storages": bool(dense_storages),
                     "replay_pointwise": bool(replay_pointwise)}

@@ -608,6 +608,41 @@ def test_compiled_default_prefetches_each_reload_after_the_previous_layers_mlp(m
         assert plan["prefetch_anchor"] == anchor
 
 
+def test_compiled_default_releases_each_value_at_the_next_layers_scope_region(monkeypatch):
+    # release_lag=1 (the compiled default): a layer's moved values keep their
+    # device copy until the next layer's MLP starts, so the D2H overlaps the
+    # attention in between instead of stalling the stream right after the last
+    # use; the last layer's values, with no MLP after them, wait at their last use.
+    import inspect
+
+    assert inspect.signature(compiled.compile).parameters["release_lag"].default == 1
+    exported, order, plan = _planned_joint_graph(monkeypatch)
+    assert plan["release_lag"] == 1
+    at = {name: i for i, name in enumerate(order)}
+    first_mlp_node = {}
+    for node in exported["nodes"]:
+        if node.get("phase") != "forward" or node["kind"] != "call_function":
+            continue
+        for module in node.get("module_stack", []):
+            if m := re.fullmatch(r"model\.layers\.(\d+)\.mlp", module):
+                first_mlp_node.setdefault(int(m.group(1)), at[node["name"]])
+    producers = {n["id"]: n for n in exported["nodes"]}
+    waited = collections.Counter()
+    for offload in plan["offloads"]:
+        layer = next(int(m.group(1)) for module in producers[offload["producer"]]["module_stack"]
+                     if (m := re.fullmatch(r"model\.layers\.(\d+)\.mlp", module)))
+        wait = at["spillway_wait_offload_" + offload["name"]]
+        if layer < 2:
+            # Before the next layer's MLP, with only other waits in between.
+            assert wait < first_mlp_node[layer + 1], offload["name"]
+            between = order[wait + 1:first_mlp_node[layer + 1]]
+            assert all(n.startswith("spillway_wait_offload_") for n in between), between
+            waited[layer] += 1
+        else:
+            assert wait < at["spillway_reload_" + offload["name"]]
+    assert waited == {0: 2, 1: 2}, waited
+
+
 @pytest.mark.parametrize("value", ["middle", ""])
 def test_unknown_prefetch_anchor_raises_at_compile(value):
     with pytest.raises(ValueError, match=r"prefetch_anchor must be 'start' or 'end'"):

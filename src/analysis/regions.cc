@@ -6,12 +6,13 @@
 
 namespace spillway::analysis {
 
-Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& scope) {
+Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& scope,
+                     Phase phase) {
   Regions regions;
   const std::string* previous_root = nullptr;
   for (std::size_t position = 0; position < nodes.size(); ++position) {
     const Node& node = *nodes[position];
-    if (node.kind != NodeKind::kCallFunction || node.phase != Phase::kBackward ||
+    if (node.kind != NodeKind::kCallFunction || node.phase != phase ||
         is_offload_op(node)) {
       continue;
     }

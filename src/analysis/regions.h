@@ -1,5 +1,5 @@
 #pragma once
-// Scope regions of the backward half, located by graph position.
+// Scope regions of one half (the backward by default), located by graph position.
 //
 // A region starts at the first backward call_function (offload ops excluded)
 // whose root differs from the root of the region before it; nodes outside any
@@ -40,8 +40,11 @@ struct Regions {
   std::unordered_map<std::string, std::vector<std::size_t>> by_root;
 };
 
-// Regions of `nodes`, a graph's nodes in order (not owned; read only here).
-Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& scope);
+// Regions of `nodes`, a graph's nodes in order (not owned; read only here),
+// among the call_functions of `phase` (the backward's, or the forward's with
+// the same rules).
+Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& scope,
+                     Phase phase = Phase::kBackward);
 
 // The region (index into regions.anchors) that a node of `root` at `position`
 // belongs to: the latest region of `root` starting at or before `position`,

@@ -111,6 +111,7 @@ struct PlanArgs {
   std::int64_t min_bytes = ActivationPlanOptions{}.min_bytes;
   int prefetch_regions = ActivationPlanOptions{}.prefetch_regions;
   std::string prefetch_anchor = "start";
+  int release_lag = ActivationPlanOptions{}.release_lag;
   bool offload_tuple_outputs = false;
   bool dense_storages = false;
   bool replay_pointwise = false;
@@ -146,6 +147,7 @@ ActivationPlanOptions to_options(const PlanArgs& args) {
     throw InvalidArgument("cli", "--prefetch-anchor must be 'start' or 'end', got '" +
                                      args.prefetch_anchor + "'");
   }
+  options.release_lag = args.release_lag;
   options.offload_tuple_outputs = args.offload_tuple_outputs;
   options.dense_storages = args.dense_storages;
   options.replay_pointwise = args.replay_pointwise;
@@ -266,6 +268,10 @@ int main_impl(int argc, char** argv) {
                    "region (the reference); end: after its last node, so the value is not "
                    "resident while that region runs")
       ->default_str("start");
+  plan->add_option("--release-lag", plan_args.release_lag,
+                   "Keep a moved value's device copy until the start of the scope region "
+                   "this many regions after its own, so its D2H overlaps compute (default 0: "
+                   "release right after its last forward use)");
   plan->add_flag("--offload-tuple-outputs", plan_args.offload_tuple_outputs,
                  "Also move values whose last forward use returns a tuple (SDPA): the "
                  "forward wait goes after that node's last getitem");

@@ -293,6 +293,7 @@ std::string format_plan_json(const Graph& original, const PlanResult& result) {
       {"prefetch_anchor",
        plan.options.prefetch_anchor == ActivationPlanOptions::PrefetchAnchor::kRegionEnd ? "end"
                                                                                          : "start"},
+      {"release_lag", plan.options.release_lag},
       {"offload_tuple_outputs", plan.options.offload_tuple_outputs},
       {"dense_storages", plan.options.dense_storages},
       {"replay_pointwise", plan.options.replay_pointwise},

@@ -103,6 +103,9 @@ void validate(const ActivationPlanOptions& options) {
   if (options.prefetch_regions < 0) {
     reject("prefetch_regions", std::to_string(options.prefetch_regions), "it must be >= 0");
   }
+  if (options.release_lag < 0) {
+    reject("release_lag", std::to_string(options.release_lag), "it must be >= 0");
+  }
   using PrefetchAnchor = ActivationPlanOptions::PrefetchAnchor;
   if (options.prefetch_anchor != PrefetchAnchor::kRegionStart &&
       options.prefetch_anchor != PrefetchAnchor::kRegionEnd) {
@@ -253,7 +256,8 @@ PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptio
     }
   }
   plan::OffloadRewrite rewrite = plan::build_offload_rewrite(
-      index, scope, chosen, options.prefetch_regions, replay, options.prefetch_anchor);
+      index, scope, chosen, options.prefetch_regions, replay, options.prefetch_anchor,
+      options.release_lag);
   plan.replays = std::move(rewrite.replays);
   plan.offloads = std::move(rewrite.offloads);
   plan.edits = std::move(rewrite.edits);

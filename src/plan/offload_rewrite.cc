@@ -61,7 +61,8 @@ class RewriteBuilder {
   }
 
   OffloadRewrite build(const std::vector<ChosenValue>& chosen, int prefetch_regions,
-                       const ReplaySelection& replay, PrefetchAnchor prefetch_anchor) {
+                       const ReplaySelection& replay, PrefetchAnchor prefetch_anchor,
+                       int release_lag) {
     OffloadRewrite out;
     extra_views_ = &replay.extra_views;
     for (const ChosenValue& value : chosen) out.offloads.push_back(add_forward(value));
@@ -70,6 +71,7 @@ class RewriteBuilder {
       Replay added = add_replay(choice);
       if (choice.facts != nullptr) out.replays.push_back(added);
     }
+    delay_forward_waits(out.offloads, release_lag);
     out.reloads_prefetched = prefetch(out.offloads, prefetch_regions, prefetch_anchor);
     out.edits = express_as_edits();
     return out;
@@ -321,6 +323,39 @@ class RewriteBuilder {
     return replay;
   }
 
+  // ActivationPlanOptions::release_lag: each forward wait goes before the
+  // first node of the forward region `lag` regions after its producer's, when
+  // that node comes later than the wait.
+  void delay_forward_waits(const std::vector<Offload>& offloads, int lag) {
+    if (lag <= 0 || scope_.empty() || offloads.empty()) return;
+    const std::vector<NodeId> order = fx_.order();
+    std::vector<const Node*> nodes;
+    nodes.reserve(order.size());
+    IdMap<std::size_t> position(order.size(), 0);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      nodes.push_back(&lookup(order[i]));
+      position.set(order[i], i);
+    }
+    const analysis::Regions regions = analysis::find_regions(nodes, scope_, Phase::kForward);
+    for (const Offload& offload : offloads) {
+      const Node& producer = index_.node(offload.producer);
+      const std::string* root = scope_.root_of(producer);
+      if (root == nullptr) continue;
+      const std::size_t produced_at = position.get(offload.producer);
+      std::optional<std::size_t> region = analysis::region_of(regions, *root, produced_at);
+      if (!region || regions.anchors[*region] > produced_at) continue;
+      const std::size_t target = *region + static_cast<std::size_t>(lag);
+      if (target >= regions.anchors.size()) continue;  // the last regions: reference placement
+      const std::size_t anchor_position = regions.anchors[target];
+      if (anchor_position <= position.get(offload.forward_wait_node)) continue;
+      const NodeId anchor = nodes[anchor_position]->id;
+      fx_.move_before(anchor, offload.forward_wait_node);
+      Edit& edit = pending_[edit_index_.at(offload.forward_wait_node)].edit;
+      edit.anchor = anchor;
+      edit.placement = Placement::kBefore;
+    }
+  }
+
   std::int64_t prefetch(std::vector<Offload>& offloads, int regions_earlier,
                         PrefetchAnchor where) {
     if (regions_earlier <= 0 || scope_.empty() || offloads.empty()) return 0;
@@ -478,8 +513,10 @@ OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const analysis::ScopeRoots& scope,
                                      const std::vector<ChosenValue>& chosen, int prefetch_regions,
                                      const ReplaySelection& replay,
-                                     ActivationPlanOptions::PrefetchAnchor prefetch_anchor) {
-  return RewriteBuilder(index, scope).build(chosen, prefetch_regions, replay, prefetch_anchor);
+                                     ActivationPlanOptions::PrefetchAnchor prefetch_anchor,
+                                     int release_lag) {
+  return RewriteBuilder(index, scope)
+      .build(chosen, prefetch_regions, replay, prefetch_anchor, release_lag);
 }
 
 }  // namespace spillway::plan

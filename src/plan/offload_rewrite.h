@@ -35,6 +35,9 @@
 //                                    backward does not, are replayed too)
 //     (an offloaded input's reload and wait sit before its reload_before
 //     node when a replay needs it before its first backward reader);
+//   then, with release_lag N > 0, every forward wait that sits before the
+//   first node of the forward scope region N regions after its producer's
+//   moves right before that node (ActivationPlanOptions::release_lag);
 //   then every new reload is moved `prefetch_regions` scope regions earlier
 //   (regions located on the rewritten graph; see analysis/regions.h): before
 //   the first node of that region (kRegionStart, the reference), or right
@@ -102,7 +105,8 @@ OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const std::vector<ChosenValue>& chosen, int prefetch_regions,
                                      const ReplaySelection& replay = {},
                                      ActivationPlanOptions::PrefetchAnchor prefetch_anchor =
-                                         ActivationPlanOptions::PrefetchAnchor::kRegionStart);
+                                         ActivationPlanOptions::PrefetchAnchor::kRegionStart,
+                                     int release_lag = 0);
 
 // The schemas a rewritten graph records for the spillway targets.
 OpSchema offload_schema();

@@ -262,6 +262,41 @@ TEST(OffloadRewriteTest, ReloadsArePrefetchedRegionsEarlier) {
   }
 }
 
+// ActivationPlanOptions::release_lag: a forward wait goes before the first
+// node of the forward region `lag` regions after its producer's; the last
+// regions, with none that far after them, keep the wait after the last use.
+TEST(OffloadRewriteTest, ReleaseLagHoldsTheForwardWaitUntilALaterRegion) {
+  LayeredGraph l({"m.layers.0.self_attn", "m.layers.1.self_attn", "m.layers.2.self_attn",
+                  "m.layers.3.self_attn"});
+  Graph g = l.b.build();
+  for (int lag : {0, 2}) {
+    SCOPED_TRACE("release_lag " + std::to_string(lag));
+    ActivationPlanOptions options;
+    options.release_lag = lag;
+    PlanResult r = plan_and_check(g, options);
+    ASSERT_EQ(r.plan.offloads.size(), 4u);
+    for (std::size_t layer = 0; layer < 4; ++layer) {
+      SCOPED_TRACE("layer " + std::to_string(layer));
+      const NodeId wait = offload_of(r.plan, l.q[layer].id).forward_wait_node;
+      const NodeId use = node_named(r.graph, "use" + std::to_string(layer)).id;
+      if (lag == 0 || layer + 2 >= 4) {
+        EXPECT_EQ(position_of(r.graph, wait), position_of(r.graph, use) + 1);
+        continue;
+      }
+      // Right before the first node of layer + 2, after everything of layer + 1.
+      const NodeId opener = l.q[layer + 2].id;
+      EXPECT_EQ(position_of(r.graph, wait) + 1, position_of(r.graph, opener));
+      EXPECT_GT(position_of(r.graph, wait),
+                position_of(r.graph, node_named(r.graph, "use" + std::to_string(layer + 1)).id));
+      for (const Edit& e : r.plan.edits) {
+        if (e.kind != EditKind::kForwardWait || e.node.id != wait) continue;
+        EXPECT_EQ(e.placement, Placement::kBefore);
+        EXPECT_EQ(e.anchor, opener);
+      }
+    }
+  }
+}
+
 TEST(OffloadRewriteTest, ReusedModuleMapsEachOccurrenceToItsOwnRegion) {
   // Layers 0 and 2 share one module path (tied weights); layer 1 is its own.
   // Backward regions: shared (layer 2), other (layer 1), shared (layer 0).

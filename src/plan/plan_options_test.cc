@@ -35,6 +35,9 @@ TEST(PlanOptionsTest, NegativeOptionsAreRejectedByName) {
   options.prefetch_regions = -2;
   EXPECT_THAT(error_of(g, options), HasSubstr("[plan] option prefetch_regions is -2"));
   options = {};
+  options.release_lag = -1;
+  EXPECT_EQ(error_of(g, options), "[plan] option release_lag is -1; it must be >= 0");
+  options = {};
   options.scope = "";
   EXPECT_THAT(error_of(g, options), HasSubstr("[plan] option scope is ''"));
   options = {};
