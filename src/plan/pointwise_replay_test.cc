@@ -260,5 +260,98 @@ TEST(PointwiseReplayTest, AnIntermediateWrittenInPlaceIsNotRecomputed) {
   EXPECT_EQ(decision_for(r.plan, m.act.id).rule, Rule::kChosen);
 }
 
+// Phi3's MLP: one fused projection chunked in two (a split returning a list,
+// read through getitems: non-contiguous halves), each value in
+// model.layers.0.mlp:
+//   gate_up = mm(x, w) [1024, 2048]; gate, up = split(gate_up)
+//   act = silu(gate); prod = mul(act, up); out = mm(prod, wd)
+// and the backward of Mlp, reading the halves.
+struct FusedMlp {
+  GraphBuilder b{"fused mlp"};
+  NodeRef x, w, wd, g, gate_up, halves, gate, up, act, prod, out;
+  NodeRef d_wd, g_prod, g_act, g_up, g_gate;
+
+  FusedMlp() {
+    b.op("aten.silu.default", pointwise({"self"}));
+    b.op("aten.mul.Tensor", pointwise({"self", "other"}));
+    b.op("aten.split.Tensor",
+         spillway::testing::pure_schema("aten", {"self", "split_size", "dim"}));
+    b.graph().ops["aten.split.Tensor"].is_view = true;
+    x = b.input("x", two_mib());
+    w = b.input("w", GraphBuilder::tensor({1024, 2048}));
+    wd = b.input("wd", two_mib());
+    g = b.input("tangent", two_mib());
+    b.within("model.layers.0.mlp");
+    gate_up =
+        b.named("gate_up").call("aten.mm.default", {x, w}, GraphBuilder::tensor({1024, 2048}));
+    const TensorInfo half = b.share(gate_up, GraphBuilder::tensor({1024, 1024}, {2048, 1}));
+    halves = b.named("split").call_value("aten.split.Tensor", {gate_up, Arg::of_int(1024),
+                                                                Arg::of_int(-1)},
+                                         GraphBuilder::tuple({half, half}));
+    gate = b.named("gate").call_untyped("operator.getitem", {halves, Arg::of_int(0)},
+                                        Value::of_tensor(half));
+    up = b.named("up").call_untyped("operator.getitem", {halves, Arg::of_int(1)},
+                                    Value::of_tensor(half));
+    act = b.named("act").call("aten.silu.default", {gate}, two_mib());
+    prod = b.named("prod").call("aten.mul.Tensor", {act, up}, two_mib());
+    out = b.named("out").call("aten.mm.default", {prod, wd}, two_mib());
+    b.backward();
+    d_wd = b.named("d_wd").call("aten.mm.default", {prod, g}, two_mib());
+    g_prod = b.named("g_prod").call("aten.mm.default", {g, wd}, two_mib());
+    g_act = b.named("g_act").call("aten.mul.Tensor", {g_prod, up}, two_mib());
+    g_up = b.named("g_up").call("aten.mul.Tensor", {g_prod, act}, two_mib());
+    g_gate = b.named("g_gate").call("aten.silu_backward.default", {g_act, gate}, two_mib());
+    b.module({});
+    b.output({out, d_wd, g_up, g_gate});
+  }
+};
+
+TEST(PointwiseReplayTest, HalvesOfAChunkedProjectionAreReplayedViewsOfItsReload) {
+  FusedMlp m;
+  const Graph g = m.b.build();
+  const PlanResult r = plan_and_check(g, replaying());
+  const Plan& plan = r.plan;
+
+  // One value moves, the fused projection; the halves are views of it, and
+  // SiLU and the product are recomputed from them.
+  ASSERT_EQ(plan.offloads.size(), 1u);
+  EXPECT_EQ(plan.offloads[0].producer, m.gate_up.id);
+  EXPECT_EQ(plan.bytes_offloaded, 4 * kMiB);
+  EXPECT_EQ(decision_for(plan, m.halves.id).rule, Rule::kView);
+  EXPECT_EQ(decision_for(plan, m.gate.id).rule, Rule::kNotContiguous);
+  EXPECT_EQ(decision_for(plan, m.act.id).rule, Rule::kReplayed);
+  EXPECT_EQ(decision_for(plan, m.act.id).detail, "from gate");
+  EXPECT_EQ(decision_for(plan, m.prod.id).rule, Rule::kReplayed);
+  EXPECT_EQ(decision_for(plan, m.prod.id).detail, "from act up");
+  EXPECT_EQ(plan.bytes_replayed, 2 * 2 * kMiB);
+
+  // In backward: the reload, split and both getitems replayed on it, then the
+  // copies of SiLU and the product reading the replayed halves.
+  std::vector<std::string> replays;
+  for (const Edit& edit : plan.edits) {
+    if (edit.kind == EditKind::kReplayView || edit.kind == EditKind::kReplayOp) {
+      replays.push_back(edit.node.name);
+    }
+  }
+  EXPECT_EQ(replays, (std::vector<std::string>{"spillway_replay_split", "spillway_replay_gate",
+                                               "spillway_replay_up", "spillway_replay_act",
+                                               "spillway_replay_prod"}));
+  const Node& split_copy = node_named(r.graph, "spillway_replay_split");
+  const Node& gate_copy = node_named(r.graph, "spillway_replay_gate");
+  const Node& up_copy = node_named(r.graph, "spillway_replay_up");
+  EXPECT_EQ(split_copy.args[0].node, plan.offloads[0].backward_wait_node);
+  EXPECT_EQ(gate_copy.args[0].node, split_copy.id);
+  EXPECT_EQ(up_copy.args[1], Arg::of_int(1));
+  EXPECT_EQ(node_named(r.graph, "spillway_replay_act").args[0].node, gate_copy.id);
+  EXPECT_EQ(node_named(r.graph, "spillway_replay_prod").args[1].node, up_copy.id);
+  EXPECT_TRUE(reads(node_with_id(r.graph, m.g_act.id), up_copy.id));
+  EXPECT_TRUE(reads(node_with_id(r.graph, m.g_gate.id), gate_copy.id));
+  EXPECT_LT(position_of(r.graph, plan.offloads[0].backward_wait_node),
+            position_of(r.graph, split_copy.id));
+  EXPECT_LT(position_of(r.graph, node_named(r.graph, "spillway_replay_prod").id),
+            position_of(r.graph, m.d_wd.id));
+  expect_backward_never_reads(r.graph, {m.gate_up, m.halves, m.gate, m.up, m.act, m.prod});
+}
+
 }  // namespace
 }  // namespace spillway::plan::test
