@@ -32,7 +32,12 @@ edit names as source. The copy takes the node's target,
 its literal args and kwargs (SymInts included), and the meta that points at
 the model code; its node inputs are the planner's (reloads, other copies). It
 carries no "recompute" tag of its own: it is a backward node, not a forward
-one the partitioner may choose to recompute.
+one the partitioner may choose to recompute. A replayed view may return a
+list (a split: Phi3 chunks its fused gate_up projection) and be read by
+replayed operator.getitem nodes (target "operator.getitem", the index taken
+from the copied node like any literal); their fake values, a list of tensors
+and one of them, come from running the copy's target on the inputs' fake
+values as for any op.
 
 Nothing here specialises a symbolic size: fake values are computed from the
 producers' fake values with guard recording suppressed (the ops and views only

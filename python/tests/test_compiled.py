@@ -215,6 +215,33 @@ def test_bf16_inductor_plan_of_a_llama_mlp_moves_the_two_projections():
     assert len(plan.replayed) == 2 * layers, plan.replayed
 
 
+def test_bf16_inductor_plan_of_a_phi3_mlp_moves_the_fused_projection_and_is_bit_exact():
+    # Phi3 computes gate and up in one projection and chunks it in two: the
+    # halves are getitems of a split, not contiguous, so they cannot move. The
+    # plan moved the bf16 SiLU output and the gated product instead, values
+    # plain Inductor never materialises (it recomputes them in fp32 inside
+    # fused backward kernels): 23 % of the embedding's gradient differed
+    # (torch 2.13 CPU and an H200, 2026-11-30). Now the alias chain runs
+    # through the split's getitems: per layer the fused projection moves, and
+    # the split, its halves, SiLU and the product are rebuilt in backward.
+    layers, tokens, intermediate = 2, 2 * 32, 128
+    steps = [_ids(32, seed=s) for s in range(STEPS)]
+    (plan,) = _compare_hf("phi3", "inductor", steps, dtype=torch.bfloat16, scope="mlp")
+    _assert_edits_in_graphs(plan)
+    offloads = plan.plan["offloads"]
+    assert [(o["dtype"], o["shape"]) for o in offloads] == (
+        [("bfloat16", f"[{tokens}, {2 * intermediate}]")] * layers), offloads
+    assert plan.bytes_offloaded == layers * tokens * 2 * intermediate * 2
+    # SiLU(gate) and SiLU(gate) * up, bf16 [2, 32, 128] each, are replayed.
+    assert len(plan.replayed) == 2 * layers, plan.replayed
+    assert plan.bytes_replayed == 2 * layers * tokens * intermediate * 2
+    replayed_views = collections.Counter(
+        re.sub(r"_\d+$", "", name.removeprefix("spillway_replay_"))
+        for name in plan.backward_replays)
+    assert replayed_views["split"] == layers and replayed_views["getitem"] == 2 * layers, (
+        plan.backward_replays)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_dynamic_shapes_compile_once_and_stay_exact(backend):
     base = _tiny_llama()

@@ -15,7 +15,8 @@ std::vector<NodeId> AliasChain::all_backward_readers() const {
 }
 
 bool is_alias(const GraphIndex& index, const Node& user, const Node& current) {
-  return is_view_op(index, user) || shares_storage(user, current);
+  return is_view_op(index, user) || shares_storage(user, current) ||
+         selects_aliased_element(user, current);
 }
 
 AliasChain trace_alias_chain(const GraphIndex& index, NodeId producer) {

@@ -7,6 +7,17 @@
 // entered at most once (the first parent to reach it keeps it). Along the way
 // it records the backward call_function readers of every chain node.
 //
+// Multi-output views (split, chunk, unbind) return a tuple/list whose
+// elements share the base's storage; the operator.getitem that picks one has
+// no schema and, seen from the tuple, no tensor storage to compare. So a
+// getitem whose value is on the storage of the element it selects is an
+// alias too (selects_aliased_element): the chain runs producer -> split ->
+// getitem -> ..., and the backward readers of a half are the producer's. The
+// reference pass (seed 000) stops at the tuple; there a value read in
+// backward only through such a half is never moved (Phi3's fused gate_up
+// projection, chunked in two: the plan then moved the bf16 SiLU and product
+// that torch.compile never materialises, and gradients drifted).
+//
 //   lifetime_views  every forward view reached, in visit (pre-)order: they
 //                   extend the producer's forward lifetime;
 //   replay_views    the subset read in backward, directly or through a
@@ -42,7 +53,8 @@ struct AliasChain {
   std::vector<NodeId> all_backward_readers() const;
 };
 
-// Whether `user` aliases `current`: a schema view, or the same known storage.
+// Whether `user` aliases `current`: a schema view, the same known storage, or
+// a getitem selecting an element of `current` on its own storage.
 bool is_alias(const GraphIndex& index, const Node& user, const Node& current);
 
 // The chain of `producer`. Throws InvalidGraph for an unknown id.

@@ -5,8 +5,10 @@
 // order) of the producer or of any of its lifetime views; the producer itself
 // when nothing later reads them. The forward wait that frees the storage sits
 // after it and takes it as a data dependency ("last_use_of_storage"), so it
-// must be a tensor: a tuple/list-producing last use (split, chunk, max) has no
-// single tensor to pin the edge and the candidate is skipped by the planner.
+// must be a tensor: a tuple/list-producing last use (max, SDPA; a split none
+// of whose elements is selected, since a getitem of a split is itself a
+// lifetime view whose readers come later) has no single tensor to pin the
+// edge and the candidate is skipped by the planner.
 //
 // Thread-safety: pure functions.
 

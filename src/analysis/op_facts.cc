@@ -53,6 +53,22 @@ bool shares_storage(const Node& a, const Node& b) {
   return left.has_value() && left == storage_of(b);
 }
 
+bool selects_aliased_element(const Node& getitem, const Node& sequence) {
+  if (getitem.kind != NodeKind::kCallFunction || getitem.target != "operator.getitem" ||
+      getitem.args.size() != 2 || getitem.args[0].kind != Arg::Kind::kNode ||
+      getitem.args[0].node != sequence.id || getitem.args[1].kind != Arg::Kind::kInt ||
+      !sequence.value.is_sequence()) {
+    return false;
+  }
+  const auto size = static_cast<std::int64_t>(sequence.value.elements.size());
+  std::int64_t i = getitem.args[1].i;
+  if (i < 0) i += size;  // Python indexing: t[-1] is the last element
+  if (i < 0 || i >= size) return false;
+  const Value& element = sequence.value.elements[static_cast<std::size_t>(i)];
+  const std::optional<std::int64_t> storage = storage_of(getitem);
+  return storage.has_value() && element.is_tensor() && element.tensor.storage == storage;
+}
+
 bool holds_tensor(const Value& value) {
   if (value.is_tensor()) return true;
   for (const Value& element : value.elements) {

@@ -7,6 +7,8 @@
 //                                    or any target starting with "ao."
 //   _storage_key(val)             -> TensorInfo::storage of a tensor value
 //   nelement() * element_size()   -> hinted_nbytes (hints only, never a symbol)
+// plus one fact the reference does not read: which element of a tuple/list
+// value an operator.getitem selects (selects_aliased_element).
 //
 // Thread-safety: pure functions.
 
@@ -35,6 +37,12 @@ bool is_reload_op(const Node& node);
 std::optional<std::int64_t> storage_of(const Node& node);
 // Two tensor values on the same known storage (unknown storage never matches).
 bool shares_storage(const Node& a, const Node& b);
+// Whether `getitem` is an operator.getitem of `sequence` (a tuple/list value)
+// whose tensor value lives on the known storage of the element it selects: a
+// half of split / chunk, a row of unbind, which aliases that element and so
+// the storage the multi-output view shares with its base. False for anything
+// else, an index out of range, or an unknown storage on either side.
+bool selects_aliased_element(const Node& getitem, const Node& sequence);
 // Whether the value is, or (for a tuple/list) contains, a tensor.
 bool holds_tensor(const Value& value);
 // numel * element_size from the size hints; nullopt when a size is unbacked.

@@ -282,21 +282,52 @@ TEST(ActivationRulesTest, TupleLastUse) {
   EXPECT_THAT(decision_for(r.plan, a.q.id).detail, ::testing::HasSubstr(std::to_string(halves.id)));
 }
 
-TEST(ActivationRulesTest, AliasReachedOnlyThroughATupleIsUntracked) {
+// q -> split (a view returning a list) -> getitem `half`, read in backward;
+// the getitem's index is `index`.
+struct SplitHalf {
   AttentionGraph a;
-  a.b.op("aten.split.Tensor", spillway::testing::pure_schema("aten", {"self", "size"}));
-  a.b.graph().ops["aten.split.Tensor"].is_view = true;
-  a.b.forward();
-  auto halves = a.b.call_value("aten.split.Tensor", {a.q, lit(512)},
-                               GraphBuilder::tuple({a.b.share(a.q, kib(1024)),
-                                                    a.b.share(a.q, kib(1024))}));
-  auto half = a.b.call_untyped("operator.getitem", {halves, lit(0)},
-                               Value::of_tensor(a.b.share(a.q, kib(1024))));
-  a.b.call("aten.relu.default", {a.q}, two_mib());  // tensor last use
-  a.b.backward();
-  a.b.call("aten.neg.default", {half}, kib(1024));  // would read freed memory
-  Graph g = a.finish();
-  EXPECT_EQ(rule_of(g, a.q), Rule::kUntrackedReader);
+  NodeRef halves, half, reader;
+  explicit SplitHalf(Arg index) {
+    a.b.op("aten.split.Tensor", spillway::testing::pure_schema("aten", {"self", "size"}));
+    a.b.graph().ops["aten.split.Tensor"].is_view = true;
+    a.b.forward();
+    halves = a.b.call_value("aten.split.Tensor", {a.q, lit(512)},
+                            GraphBuilder::tuple({a.b.share(a.q, kib(1024)),
+                                                 a.b.share(a.q, kib(1024))}));
+    half = a.b.named("half").call_untyped("operator.getitem", {halves, index},
+                                          Value::of_tensor(a.b.share(a.q, kib(1024))));
+    a.b.call("aten.relu.default", {a.q}, two_mib());  // tensor last use
+    a.b.backward();
+    reader = a.b.call("aten.neg.default", {half}, kib(1024));
+  }
+};
+
+TEST(ActivationRulesTest, AliasReachedThroughATupleIsReplayedOnTheReload) {
+  SplitHalf s(lit(0));
+  const Graph g = s.a.finish();
+  const PlanResult r = plan_and_check(g);
+  ASSERT_EQ(decision_for(r.plan, s.a.q.id).rule, Rule::kChosen);
+  // The backward reader of the half reads a getitem of a split replayed on
+  // the reload, never the forward half.
+  const Node& reader = node_with_id(r.graph, s.reader.id);
+  const Node& half = node_with_id(r.graph, reader.args[0].node);
+  EXPECT_EQ(half.name, "spillway_replay_half");
+  EXPECT_EQ(half.target, "operator.getitem");
+  EXPECT_EQ(half.args[1], lit(0));
+  const Node& halves = node_with_id(r.graph, half.args[0].node);
+  EXPECT_EQ(halves.target, "aten.split.Tensor");
+  EXPECT_EQ(halves.phase, Phase::kBackward);
+  EXPECT_EQ(halves.args[0].node, r.plan.offloads[0].backward_wait_node);
+  // The replayed tuple's elements and the half live on the reload's storage.
+  const auto reloaded =
+      node_with_id(r.graph, r.plan.offloads[0].backward_wait_node).value.tensor.storage;
+  for (const Value& element : halves.value.elements) EXPECT_EQ(element.tensor.storage, reloaded);
+  EXPECT_EQ(half.value.tensor.storage, reloaded);
+}
+
+TEST(ActivationRulesTest, AnAliasReachedThroughAGetitemOfUnknownIndexIsUntracked) {
+  SplitHalf s(spillway::testing::sym("s0", 0));  // which element it selects is unproven
+  EXPECT_EQ(rule_of(s.a.finish(), s.a.q), Rule::kUntrackedReader);
 }
 
 TEST(ActivationRulesTest, BackwardReaderBeforeTheLastForwardUse) {

@@ -34,12 +34,39 @@ OpSchema pointwise(std::vector<std::string> names, bool random = false) {
 //   g_act = mul(g_prod, up)   first backward reader of up
 //   g_up = mul(g_prod, act)   first backward reader of act
 //   g_gate = silu_backward(g_act, gate)   first backward reader of gate
+// Mlp(Mlp::Fused{}) computes gate and up in one projection chunked in two, as
+// Phi3 does: gate_up = mm(x, w) [1024, 2048]; split = split(gate_up); gate,
+// up = the split's getitems (non-contiguous halves on gate_up's storage).
 struct Mlp {
+  struct Fused {};  // selects the fused constructor
   GraphBuilder b{"mlp"};
   NodeRef x, wg, wu, wd, g, gate, up, act, prod, out;
+  NodeRef w, gate_up, halves;  // Fused only
   NodeRef d_wd, g_prod, g_act, g_up, g_gate;
 
   explicit Mlp(OpSchema silu = pointwise({"self"})) {
+    inputs(std::move(silu));
+    gate = b.named("gate").call("aten.mm.default", {x, wg}, two_mib());
+    up = b.named("up").call("aten.mm.default", {x, wu}, two_mib());
+  }
+  explicit Mlp(Fused) {
+    b.op("aten.split.Tensor",
+         spillway::testing::pure_schema("aten", {"self", "split_size", "dim"}));
+    b.graph().ops["aten.split.Tensor"].is_view = true;
+    w = b.input("w", GraphBuilder::tensor({1024, 2048}));
+    inputs(pointwise({"self"}));
+    gate_up =
+        b.named("gate_up").call("aten.mm.default", {x, w}, GraphBuilder::tensor({1024, 2048}));
+    const TensorInfo half = b.share(gate_up, GraphBuilder::tensor({1024, 1024}, {2048, 1}));
+    halves = b.named("split").call_value(
+        "aten.split.Tensor", {gate_up, Arg::of_int(1024), Arg::of_int(-1)},
+        GraphBuilder::tuple({half, half}));
+    gate = b.named("gate").call_untyped("operator.getitem", {halves, Arg::of_int(0)},
+                                        Value::of_tensor(half));
+    up = b.named("up").call_untyped("operator.getitem", {halves, Arg::of_int(1)},
+                                    Value::of_tensor(half));
+  }
+  void inputs(OpSchema silu) {
     b.op("aten.silu.default", std::move(silu));
     b.op("aten.mul.Tensor", pointwise({"self", "other"}));
     x = b.input("x", two_mib());
@@ -48,8 +75,6 @@ struct Mlp {
     wd = b.input("wd", two_mib());
     g = b.input("tangent", two_mib());
     b.within("model.layers.0.mlp");
-    gate = b.named("gate").call("aten.mm.default", {x, wg}, two_mib());
-    up = b.named("up").call("aten.mm.default", {x, wu}, two_mib());
   }
   // act = silu(gate) unless the test built its own act.
   void forward_rest() {
@@ -86,6 +111,15 @@ const Replay* replay_of(const Plan& plan, NodeId producer) {
   return nullptr;
 }
 
+// SiLU is replayed from gate, the product from SiLU and up: 2 x 2 MiB.
+void expect_silu_and_product_replayed(const Plan& plan, const Mlp& m) {
+  EXPECT_EQ(decision_for(plan, m.act.id).rule, Rule::kReplayed);
+  EXPECT_EQ(decision_for(plan, m.act.id).detail, "from gate");
+  EXPECT_EQ(decision_for(plan, m.prod.id).rule, Rule::kReplayed);
+  EXPECT_EQ(decision_for(plan, m.prod.id).detail, "from act up");
+  EXPECT_EQ(plan.bytes_replayed, 2 * 2 * kMiB);
+}
+
 // No backward node of the rewritten graph reads one of `values` directly.
 void expect_backward_never_reads(const Graph& rewritten, std::vector<NodeRef> values) {
   for (const Node& node : rewritten.nodes) {
@@ -118,13 +152,9 @@ TEST(PointwiseReplayTest, SiluAndProductAreReplayedFromTheMovedProjections) {
 
   ASSERT_EQ(plan.offloads.size(), 2u);
   EXPECT_EQ(plan.bytes_offloaded, 2 * 2 * kMiB);
-  EXPECT_EQ(plan.bytes_replayed, 2 * 2 * kMiB);
   EXPECT_EQ(decision_for(plan, m.gate.id).rule, Rule::kChosen);
   EXPECT_EQ(decision_for(plan, m.up.id).rule, Rule::kChosen);
-  EXPECT_EQ(decision_for(plan, m.act.id).rule, Rule::kReplayed);
-  EXPECT_EQ(decision_for(plan, m.act.id).detail, "from gate");
-  EXPECT_EQ(decision_for(plan, m.prod.id).rule, Rule::kReplayed);
-  EXPECT_EQ(decision_for(plan, m.prod.id).detail, "from act up");
+  expect_silu_and_product_replayed(plan, m);
   EXPECT_EQ(plan.candidate_count, 4);
 
   ASSERT_EQ(plan.replays.size(), 2u);
@@ -258,6 +288,49 @@ TEST(PointwiseReplayTest, AnIntermediateWrittenInPlaceIsNotRecomputed) {
   const Graph g = m.finish();
   const PlanResult r = plan_and_check(g, replaying());
   EXPECT_EQ(decision_for(r.plan, m.act.id).rule, Rule::kChosen);
+}
+
+TEST(PointwiseReplayTest, HalvesOfAChunkedProjectionAreReplayedViewsOfItsReload) {
+  Mlp m(Mlp::Fused{});
+  const Graph g = m.finish();
+  const PlanResult r = plan_and_check(g, replaying());
+  const Plan& plan = r.plan;
+
+  // One value moves, the fused projection; the halves are views of it, and
+  // SiLU and the product are recomputed from them.
+  ASSERT_EQ(plan.offloads.size(), 1u);
+  EXPECT_EQ(plan.offloads[0].producer, m.gate_up.id);
+  EXPECT_EQ(plan.bytes_offloaded, 4 * kMiB);
+  EXPECT_EQ(decision_for(plan, m.halves.id).rule, Rule::kView);
+  EXPECT_EQ(decision_for(plan, m.gate.id).rule, Rule::kNotContiguous);
+  expect_silu_and_product_replayed(plan, m);
+
+  // In backward: the reload, split and both getitems replayed on it, then the
+  // copies of SiLU and the product reading the replayed halves.
+  std::vector<std::string> replays;
+  for (const Edit& edit : plan.edits) {
+    if (edit.kind == EditKind::kReplayView || edit.kind == EditKind::kReplayOp) {
+      replays.push_back(edit.node.name);
+    }
+  }
+  EXPECT_EQ(replays, (std::vector<std::string>{"spillway_replay_split", "spillway_replay_gate",
+                                               "spillway_replay_up", "spillway_replay_act",
+                                               "spillway_replay_prod"}));
+  const Node& split_copy = node_named(r.graph, "spillway_replay_split");
+  const Node& gate_copy = node_named(r.graph, "spillway_replay_gate");
+  const Node& up_copy = node_named(r.graph, "spillway_replay_up");
+  EXPECT_EQ(split_copy.args[0].node, plan.offloads[0].backward_wait_node);
+  EXPECT_EQ(gate_copy.args[0].node, split_copy.id);
+  EXPECT_EQ(up_copy.args[1], Arg::of_int(1));
+  EXPECT_EQ(node_named(r.graph, "spillway_replay_act").args[0].node, gate_copy.id);
+  EXPECT_EQ(node_named(r.graph, "spillway_replay_prod").args[1].node, up_copy.id);
+  EXPECT_TRUE(reads(node_with_id(r.graph, m.g_act.id), up_copy.id));
+  EXPECT_TRUE(reads(node_with_id(r.graph, m.g_gate.id), gate_copy.id));
+  EXPECT_LT(position_of(r.graph, plan.offloads[0].backward_wait_node),
+            position_of(r.graph, split_copy.id));
+  EXPECT_LT(position_of(r.graph, node_named(r.graph, "spillway_replay_prod").id),
+            position_of(r.graph, m.d_wd.id));
+  expect_backward_never_reads(r.graph, {m.gate_up, m.halves, m.gate, m.up, m.act, m.prod});
 }
 
 }  // namespace
