@@ -38,8 +38,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 
-def _storage(node: torch.fx.Node) -> StorageWeakRef | None:
-    val = node.meta.get("val")
+def storage_of(node: Any) -> StorageWeakRef | None:
+    """The storage of an FX node's fake tensor value; None for other values and non-nodes."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return None
     try:
@@ -64,7 +65,7 @@ def merge_common_subexpressions(graph: torch.fx.Graph) -> int:
     compute_mutation_region_ids(graph)
     phases = phases_of(graph)
     output = next(iter(reversed(graph.nodes)))
-    output_storages = {s for n in output.all_input_nodes if (s := _storage(n)) is not None}
+    output_storages = {s for n in output.all_input_nodes if (s := storage_of(n)) is not None}
     seen: dict[tuple, tuple[tuple, torch.fx.Node]] = {}
     merged = 0
     for node in list(graph.nodes):
@@ -73,7 +74,7 @@ def merge_common_subexpressions(graph: torch.fx.Graph) -> int:
         target = get_aten_target(node)
         if target in rand_ops or target is torch.ops.aten.empty:
             continue
-        storage = _storage(node)
+        storage = storage_of(node)
         if storage is not None and storage in output_storages:
             continue
         val = node.meta.get("val")

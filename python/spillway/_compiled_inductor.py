@@ -91,20 +91,11 @@ def place_forward_waits(graph: torch.fx.Graph) -> int:
     A reader is any node but spillway's own that takes a value on the offloaded
     value's storage (the value or a view of it).
     """
-    from torch.multiprocessing.reductions import StorageWeakRef
+    from spillway._compiled_cse import storage_of as storage
 
     offload_op = torch.ops.spillway.offload.default
     wait_op = torch.ops.spillway.wait_tensor.default
     spillway_ops = (offload_op, wait_op, torch.ops.spillway.reload.default)
-
-    def storage(node: Any) -> Any:
-        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        if not isinstance(val, torch.Tensor):
-            return None
-        try:
-            return StorageWeakRef(val.untyped_storage())
-        except (NotImplementedError, RuntimeError):
-            return None
 
     waits = {}
     for node in graph.find_nodes(op="call_function", target=wait_op):

@@ -388,13 +388,12 @@ def _check_options(plan_options: dict) -> None:
     _C.plan_activation_offload(json.dumps(probe), **plan_options)
 
 
-def _check_scope_in_model(model: torch.nn.Module, scope: str) -> None:
-    """ValueError listing the model's modules when no module of it is named `scope`."""
-    names = [name for name, _ in model.named_modules(remove_duplicate=False)]
-    if any(leaf_name(name) == scope for name in names):
+def _check_scope_in_model(model: torch.nn.Module, module_names: dict, scope: str) -> None:
+    """ValueError listing the model's modules when none of `module_names` is named `scope`."""
+    if any(leaf_name(name) == scope for name in module_names):
         return
-    classes = sorted({leaf_name(name) for name, m in model.named_modules(remove_duplicate=False)
-                      if type(m).__name__ == scope and name})
+    classes = sorted({leaf_name(name) for name, kind in module_names.items()
+                      if kind.__name__ == scope and name})
     hint = (f" ({scope!r} is a class name here; the compiled path takes module names: "
             f"{', '.join(repr(c) for c in classes)})" if classes else "")
     raise ValueError(f"[compiled] scope {scope!r} matches no module of "
@@ -459,8 +458,8 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     _check_options(plan_options)
     module_names = None
     if isinstance(model_or_fn, torch.nn.Module):
-        _check_scope_in_model(model_or_fn, scope)
         module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}
+        _check_scope_in_model(model_or_fn, module_names, scope)
     session = _Session(plan_options, module_names)
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)

@@ -323,19 +323,30 @@ class RewriteBuilder {
     return replay;
   }
 
+  // The rewritten graph as FX order has it now: each node, and each id's position.
+  struct CurrentOrder {
+    std::vector<const Node*> nodes;
+    IdMap<std::size_t> position;
+  };
+  CurrentOrder current_order() const {
+    const std::vector<NodeId> order = fx_.order();
+    CurrentOrder current{{}, IdMap<std::size_t>(order.size(), 0)};
+    current.nodes.reserve(order.size());
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      current.nodes.push_back(&lookup(order[i]));
+      current.position.set(order[i], i);
+    }
+    return current;
+  }
+
   // ActivationPlanOptions::release_lag: each forward wait goes before the
   // first node of the forward region `lag` regions after its producer's, when
   // that node comes later than the wait.
   void delay_forward_waits(const std::vector<Offload>& offloads, int lag) {
     if (lag <= 0 || scope_.empty() || offloads.empty()) return;
-    const std::vector<NodeId> order = fx_.order();
-    std::vector<const Node*> nodes;
-    nodes.reserve(order.size());
-    IdMap<std::size_t> position(order.size(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      nodes.push_back(&lookup(order[i]));
-      position.set(order[i], i);
-    }
+    const CurrentOrder current = current_order();
+    const std::vector<const Node*>& nodes = current.nodes;
+    const IdMap<std::size_t>& position = current.position;
     const analysis::Regions regions = analysis::find_regions(nodes, scope_, Phase::kForward);
     for (const Offload& offload : offloads) {
       const Node& producer = index_.node(offload.producer);
@@ -359,14 +370,9 @@ class RewriteBuilder {
   std::int64_t prefetch(std::vector<Offload>& offloads, int regions_earlier,
                         PrefetchAnchor where) {
     if (regions_earlier <= 0 || scope_.empty() || offloads.empty()) return 0;
-    const std::vector<NodeId> order = fx_.order();
-    std::vector<const Node*> nodes;
-    nodes.reserve(order.size());
-    IdMap<std::size_t> position(order.size(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      nodes.push_back(&lookup(order[i]));
-      position.set(order[i], i);
-    }
+    const CurrentOrder current = current_order();
+    const std::vector<const Node*>& nodes = current.nodes;
+    const IdMap<std::size_t>& position = current.position;
     const analysis::Regions regions = analysis::find_regions(nodes, scope_);
     if (regions.anchors.empty()) return 0;
 
