@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace spillway::analysis {
@@ -24,9 +25,26 @@ ScopeRoots::ScopeRoots(const Graph& graph, std::string leaf)
   root_storage_.assign(found.begin(), found.end());
   roots_.reserve(root_storage_.size() * 2);
   for (const std::string& root : root_storage_) roots_.emplace(root, &root);
+  index_nodes();
+}
 
-  in_scope_.resize(graph.nodes.size());
-  root_.resize(graph.nodes.size());
+ScopeRoots ScopeRoots::of_roots(const Graph& graph, const std::vector<std::string>& roots) {
+  ScopeRoots scope(graph, std::string());
+  scope.explicit_roots_ = true;
+  scope.root_storage_ = roots;
+  std::sort(scope.root_storage_.begin(), scope.root_storage_.end());
+  scope.root_storage_.erase(std::unique(scope.root_storage_.begin(), scope.root_storage_.end()),
+                            scope.root_storage_.end());
+  scope.roots_.clear();
+  for (const std::string& root : scope.root_storage_) scope.roots_.emplace(root, &root);
+  scope.index_nodes();
+  return scope;
+}
+
+void ScopeRoots::index_nodes() {
+  const Graph& graph = *graph_;
+  in_scope_.assign(graph.nodes.size(), 0);
+  root_.assign(graph.nodes.size(), nullptr);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
     if (i > 0 && graph.nodes[i - 1].module_stack == node.module_stack) {
@@ -49,6 +67,8 @@ std::ptrdiff_t ScopeRoots::position_of(const Node& node) const {
 }
 
 bool ScopeRoots::has_leaf(std::string_view path) const {
+  if (explicit_roots_) return roots_.count(path) != 0;
+  if (leaf_.empty()) return false;
   if (path.size() < leaf_.size() || path.substr(path.size() - leaf_.size()) != leaf_) return false;
   return path.size() == leaf_.size() || path[path.size() - leaf_.size() - 1] == '.';
 }
@@ -56,7 +76,18 @@ bool ScopeRoots::has_leaf(std::string_view path) const {
 std::vector<std::string> ScopeRoots::roots() const { return root_storage_; }
 
 const std::string* ScopeRoots::root_of_path(std::string_view path) const {
-  if (roots_.empty() || leaf_.empty()) return nullptr;
+  if (roots_.empty()) return nullptr;
+  if (explicit_roots_) {
+    // The longest root that equals `path` or is a prefix of it ending at a dot.
+    const std::string* found = nullptr;
+    for (std::size_t end = path.find('.'); ; end = path.find('.', end + 1)) {
+      const std::string_view prefix = path.substr(0, end);
+      if (auto it = roots_.find(prefix); it != roots_.end()) found = it->second;
+      if (end == std::string_view::npos) break;
+    }
+    return found;
+  }
+  if (leaf_.empty()) return nullptr;
   // A root containing `path` equals it or is a prefix ending at a dot; either
   // way the root's last component is the leaf. Longest first.
   const std::string* found = nullptr;
@@ -118,3 +149,31 @@ std::vector<std::string> module_leaf_names(const Graph& graph) {
 }
 
 }  // namespace spillway::analysis
+
+std::vector<std::string> layer_roots(const Graph& graph) {
+  // parent path -> its index children, in order of first appearance
+  std::vector<std::pair<std::string, std::vector<std::string>>> lists;
+  std::unordered_map<std::string, std::size_t> list_of;
+  std::unordered_set<std::string_view> seen_paths;
+  for (const Node& node : graph.nodes) {
+    for (const std::string& path : node.module_stack) {
+      if (!seen_paths.insert(path).second) continue;
+      const std::size_t dot = path.rfind('.');
+      if (dot == std::string::npos || dot + 1 == path.size()) continue;
+      const std::string_view leaf = std::string_view(path).substr(dot + 1);
+      if (!std::all_of(leaf.begin(), leaf.end(),
+                       [](unsigned char c) { return std::isdigit(c) != 0; })) {
+        continue;
+      }
+      std::string parent = path.substr(0, dot);
+      auto [it, added] = list_of.emplace(parent, lists.size());
+      if (added) lists.emplace_back(std::move(parent), std::vector<std::string>{});
+      lists[it->second].second.push_back(path);
+    }
+  }
+  const std::vector<std::string>* best = nullptr;
+  for (const auto& [parent, children] : lists) {
+    if (best == nullptr || children.size() > best->size()) best = &children;
+  }
+  return best == nullptr ? std::vector<std::string>{} : *best;
+}

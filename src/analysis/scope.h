@@ -23,6 +23,10 @@ class ScopeRoots {
  public:
   // Discovers the roots of `leaf` on every node of `graph`.
   ScopeRoots(const Graph& graph, std::string leaf);
+  // Takes `roots` (module paths, e.g. layer_roots(graph)) as the roots
+  // themselves: a node is in scope when a module on its stack is one of them
+  // or lies inside one.
+  static ScopeRoots of_roots(const Graph& graph, const std::vector<std::string>& roots);
 
   bool empty() const { return roots_.empty(); }
   // The roots, sorted.
@@ -46,7 +50,11 @@ class ScopeRoots {
   const std::string* root_of_path(std::string_view path) const;
   bool has_leaf(std::string_view path) const;
 
+  // Precomputes in_scope_ and root_ for every node of graph_.
+  void index_nodes();
+
   std::string leaf_;
+  bool explicit_roots_ = false;  // of_roots: roots_ is the whole set, leaf_ unused
   std::vector<std::string> root_storage_;  // sorted; never resized after construction
   std::unordered_map<std::string_view, const std::string*> roots_;  // into root_storage_
   const Graph* graph_;
@@ -59,5 +67,11 @@ class ScopeRoots {
 // "model.layers.0"): the one-component names a scope can take in this graph.
 // Empty when no node carries a module stack.
 std::vector<std::string> module_leaf_names(const Graph& graph);
+
+// The model's repeated blocks: the children of the module list with the most
+// children ("model.layers.0", "model.layers.1", ...), module paths whose last
+// component is a list index, in order of first appearance. Ties go to the
+// list seen first. Empty when no module path ends in an index.
+std::vector<std::string> layer_roots(const Graph& graph);
 
 }  // namespace spillway::analysis

@@ -294,7 +294,9 @@ class RewriteBuilder {
   Replay add_replay(const ReplayChoice& choice) {
     const Node& producer = index_.node(choice.producer);
     for (NodeId input : choice.inputs) {
-      if (!rebuilt_.count(input)) {
+      const bool as_is = std::find(choice.kept_inputs.begin(), choice.kept_inputs.end(), input) !=
+                         choice.kept_inputs.end();
+      if (!as_is && !rebuilt_.count(input)) {
         throw Error("plan", "internal error: replayed value " + producer.name + " reads " +
                                 index_.node(input).name + ", which is neither moved nor replayed");
       }

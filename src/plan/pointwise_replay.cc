@@ -9,9 +9,9 @@
 namespace spillway::plan {
 namespace {
 
-bool replayable_op(const OpSchema* schema) {
-  return schema != nullptr && schema->is_pointwise && !schema->is_random && !schema->is_mutable &&
-         !schema->is_view;
+bool replayable_op(const OpSchema* schema, bool pointwise_only) {
+  return schema != nullptr && (schema->is_pointwise || !pointwise_only) && !schema->is_random &&
+         !schema->is_mutable && !schema->is_view;
 }
 
 // `view` and the views of `owner`'s chain it is built on, or nullopt when a
@@ -45,9 +45,10 @@ std::optional<std::vector<NodeId>> view_path(const analysis::GraphIndex& index,
 // A forward pointwise node that no rule made a candidate (backward never
 // reads it: the exp of a decomposed SiLU) may still be recomputed on the way
 // to a candidate's replay, when its storage is its own and nothing writes it.
-bool intermediate_ok(const RuleContext& ctx, const Node& node) {
+bool intermediate_ok(const RuleContext& ctx, const Node& node, bool pointwise_only) {
   if (node.phase != Phase::kForward || node.kind != NodeKind::kCallFunction ||
-      !node.value.is_tensor() || !replayable_op(ctx.index.schema_of(node))) {
+      !node.value.is_tensor() || !replayable_op(ctx.index.schema_of(node), pointwise_only) ||
+      analysis::is_collective_op(ctx.index, node)) {
     return false;
   }
   const std::optional<std::int64_t> storage = analysis::storage_of(node);
@@ -60,8 +61,15 @@ bool intermediate_ok(const RuleContext& ctx, const Node& node) {
 class ReplaySelector {
  public:
   ReplaySelector(const RuleContext& ctx, const std::unordered_set<NodeId>& offloaded,
-                 const std::unordered_map<NodeId, CandidateFacts>& facts)
-      : ctx_(ctx), offloaded_(offloaded), facts_(facts) {}
+                 const std::unordered_map<NodeId, CandidateFacts>& facts,
+                 const ReplayPolicy& policy)
+      : ctx_(ctx), offloaded_(offloaded), facts_(facts), policy_(policy) {
+    if (policy.kept != nullptr) {
+      for (NodeId id : *policy.kept) {
+        if (auto storage = analysis::storage_of(ctx.index.node(id))) kept_storages_.insert(*storage);
+      }
+    }
+  }
 
   void own_views(NodeId value) {
     for (NodeId view : facts_.at(value).chain.lifetime_views) owner_of_.emplace(view, value);
@@ -111,7 +119,10 @@ class ReplaySelector {
   std::optional<ReplayChoice> gather(NodeId id, Attempt& attempt, int& budget) {
     const analysis::GraphIndex& index = ctx_.index;
     const Node& node = index.node(id);
-    if (!replayable_op(index.schema_of(node))) return std::nullopt;
+    if (!replayable_op(index.schema_of(node), policy_.pointwise_only) ||
+        analysis::is_collective_op(index, node)) {
+      return std::nullopt;
+    }
     ReplayChoice choice;
     choice.producer = id;
     std::set<NodeId> roots;
@@ -138,7 +149,12 @@ class ReplaySelector {
         } else {
           roots.insert(source);
         }
-      } else if (budget > 0 && !facts_.count(input) && intermediate_ok(ctx_, index.node(input))) {
+      } else if (read_as_is(index.node(input))) {
+        choice.inputs.push_back(input);  // roots nothing and needs no reload
+        choice.kept_inputs.push_back(input);
+        return;
+      } else if (budget > 0 && !facts_.count(input) &&
+                 intermediate_ok(ctx_, index.node(input), policy_.pointwise_only)) {
         --budget;
         std::optional<ReplayChoice> intermediate = gather(input, attempt, budget);
         if (!intermediate) {
@@ -179,9 +195,19 @@ class ReplaySelector {
     for (ReplayChoice& choice : attempt.choices) selection_.replays.push_back(std::move(choice));
   }
 
+  // ReplayPolicy::kept: a placeholder or get_attr, or a value on a kept storage.
+  bool read_as_is(const Node& input) const {
+    if (policy_.kept == nullptr) return false;
+    if (input.kind == NodeKind::kPlaceholder || input.kind == NodeKind::kGetAttr) return true;
+    const std::optional<std::int64_t> storage = analysis::storage_of(input);
+    return input.phase == Phase::kForward && storage && kept_storages_.count(*storage) != 0;
+  }
+
   const RuleContext& ctx_;
   const std::unordered_set<NodeId>& offloaded_;
   const std::unordered_map<NodeId, CandidateFacts>& facts_;
+  const ReplayPolicy& policy_;
+  std::unordered_set<std::int64_t> kept_storages_;
   // Replayed node (candidate or intermediate) -> the offloaded values it is
   // rebuilt from.
   std::unordered_map<NodeId, std::set<NodeId>> roots_of_;
@@ -195,13 +221,16 @@ class ReplaySelector {
 ReplaySelection select_replays(const RuleContext& ctx,
                                const std::vector<std::pair<NodeId, std::int64_t>>& candidates,
                                const std::unordered_set<NodeId>& offloaded,
-                               const std::unordered_map<NodeId, CandidateFacts>& facts) {
+                               const std::unordered_map<NodeId, CandidateFacts>& facts,
+                               const ReplayPolicy& policy) {
   const analysis::GraphIndex& index = ctx.index;
-  ReplaySelector selector(ctx, offloaded, facts);
+  ReplaySelector selector(ctx, offloaded, facts, policy);
   for (const auto& [id, bytes] : candidates) {
     if (offloaded.count(id)) selector.own_views(id);
   }
-  for (const auto& [id, bytes] : candidates) selector.consider(id, bytes);
+  for (const auto& [id, bytes] : candidates) {
+    if (policy.only == nullptr || policy.only->count(id)) selector.consider(id, bytes);
+  }
   ReplaySelection selection = selector.take();
   std::sort(selection.replays.begin(), selection.replays.end(),
             [&](const ReplayChoice& a, const ReplayChoice& b) {

@@ -43,6 +43,8 @@ namespace spillway::plan {
 
 struct ReplayChoice {
   NodeId producer = -1;
+  // Inputs read as they are (kept values, parameters): ReplayPolicy::kept.
+  std::vector<NodeId> kept_inputs;
   std::int64_t bytes = 0;                 // 0 for an intermediate
   const CandidateFacts* facts = nullptr;  // not owned; nullptr for an intermediate
   NodeId needed_before = -1;              // an original backward node
@@ -62,11 +64,27 @@ struct ReplaySelection {
   std::unordered_map<NodeId, std::vector<NodeId>> extra_views;
 };
 
+// The budget planner's generalisation (budget.h): recompute chosen values of
+// any deterministic op, from kept values as well as moved ones.
+struct ReplayPolicy {
+  // Only pointwise ops (replay_pointwise's rule); false: any op that is not
+  // random, mutable, a view or a collective.
+  bool pointwise_only = true;
+  // Consider only these candidates; nullptr: every candidate.
+  const std::unordered_set<NodeId>* only = nullptr;
+  // A value is read as it is when it is a placeholder or get_attr, or when
+  // its storage is the storage of a node in this set (the values the plan
+  // keeps for backward); nullptr: nothing is read as it is. Such a read
+  // roots nothing (no wait is needed before it).
+  const std::unordered_set<NodeId>* kept = nullptr;
+};
+
 // `candidates` in graph order with their bytes; `offloaded` the budget's
 // choice; `facts` holds every candidate's facts.
 ReplaySelection select_replays(const RuleContext& ctx,
                                const std::vector<std::pair<NodeId, std::int64_t>>& candidates,
                                const std::unordered_set<NodeId>& offloaded,
-                               const std::unordered_map<NodeId, CandidateFacts>& facts);
+                               const std::unordered_map<NodeId, CandidateFacts>& facts,
+                               const ReplayPolicy& policy = {});
 
 }  // namespace spillway::plan

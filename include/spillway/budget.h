@@ -1,0 +1,117 @@
+#pragma once
+// The memory-budget planner: for every saved activation of a joint
+// forward+backward graph, keep it, offload it to pinned host memory, or
+// recompute it in backward, so that the simulated step (spillway/sim.h) is as
+// fast as possible while its simulated peak device memory fits a budget at
+// every point of the step.
+//
+// How it decides (src/plan/budget_planner.cc):
+//   1. The candidates are the forward values backward reads that the
+//      activation rules accept (plan.h, with both relaxations on), inside the
+//      model's repeated blocks (the children of its largest module list, e.g.
+//      model.layers.N), optionally restricted to `scope`. A candidate may be
+//      offloaded; it may be recomputed when its op is deterministic, not
+//      mutating, not a view or collective, and it can be rebuilt from kept,
+//      offloaded or recomputed values and parameters (through forward
+//      intermediates of the same kind, at most 16 per value).
+//   2. A fast model of the step (the simulator's baseline timeline plus each
+//      decision's interval of freed bytes, its copies on the two copy streams
+//      and its recompute time) scores plans. A greedy pass applies the action
+//      with the least added time per byte taken off the peak until the peak
+//      fits; a local search then undoes or swaps decisions that are no longer
+//      needed.
+//   3. The chosen plan is materialised as graph edits (offload, wait, reload,
+//      wait nodes; copies of recomputed nodes before their first backward
+//      reader) and simulated in full; when the full simulation exceeds the
+//      budget, the search is repeated with the overshoot taken off.
+//
+// Thread-safety: pure functions.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spillway/graph.h"
+#include "spillway/plan.h"
+#include "spillway/sim.h"
+
+namespace spillway {
+
+enum class Decision { kKeep, kOffload, kRecompute };
+std::string_view to_string(Decision decision);
+
+struct BudgetOptions {
+  // Peak device bytes the step may use (weights and everything the simulator
+  // counts included). > 0.
+  std::int64_t budget_bytes = 0;
+  // Restrict candidates to the modules whose last path component is `scope`
+  // ("self_attn", "mlp"); empty: every repeated block.
+  std::string scope;
+  bool allow_offload = true;
+  bool allow_recompute = true;
+  // As in ActivationPlanOptions.
+  int prefetch_regions = 1;
+  int release_lag = 1;
+  std::int64_t min_bytes = 1 << 20;
+};
+
+// The verdict on one candidate.
+struct BudgetChoice {
+  NodeId node = -1;
+  std::string name;
+  std::string block;          // the repeated block holding it ("model.layers.3")
+  std::int64_t bytes = 0;     // as the allocator rounds it
+  Decision decision = Decision::kKeep;
+  bool can_offload = false;
+  bool can_recompute = false;
+  double recompute_ms = 0;    // its node and the intermediates it needs
+};
+
+// What a plan is predicted to cost, by the full simulator.
+struct Forecast {
+  double step_ms = 0;
+  std::int64_t peak_bytes = 0;
+  std::string peak_node;
+  Phase peak_phase = Phase::kForward;
+  std::int64_t bytes_offloaded = 0;   // moved each way
+  std::int64_t bytes_recomputed = 0;  // of values rebuilt in backward
+  double recompute_ms = 0;
+  double compute_wait_ms = 0;         // compute stream idle waiting for copies
+};
+
+struct BudgetPlan {
+  BudgetOptions options;
+  std::vector<BudgetChoice> choices;  // every candidate, graph order
+  Forecast baseline;                  // the graph as given
+  Forecast forecast;                  // the rewritten graph
+  // The input with the decisions applied (passes verify_offload_graph), and
+  // the nodes in it that recompute values (for SimOptions::recomputed).
+  Graph graph;
+  std::vector<NodeId> recomputed_nodes;
+  std::vector<Edit> edits;
+  // The full simulation of `graph` (with its timeline, for the writers).
+  SimResult simulation;
+  // The smallest peak the planner found reachable (every candidate offloaded
+  // or recomputed, whichever takes more off), by the full simulator.
+  std::int64_t min_reachable_bytes = 0;
+};
+
+// Plan a budget. A budget at or above the graph's simulated peak returns the
+// graph unchanged (every choice kKeep). Throws InvalidArgument for a budget
+// <= 0 or other options out of range, and OutOfMemory("[plan] ...") naming the
+// smallest reachable peak when no plan fits. The input is never modified.
+BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& options,
+                              const CostModel& cost);
+
+// One plan per budget, monotone: over the returned plans, a smaller budget
+// never has a smaller forecast step time or a larger forecast peak. Budgets
+// below the smallest reachable peak are left out (the caller sees fewer plans
+// than budgets; each plan's options.budget_bytes says which budget it is).
+// Empty `budgets`: ten budgets evenly spaced between the smallest reachable
+// peak and the baseline peak.
+std::vector<BudgetPlan> sweep_memory_budget(const Graph& graph, const BudgetOptions& options,
+                                            const CostModel& cost,
+                                            std::vector<std::int64_t> budgets = {});
+
+}  // namespace spillway

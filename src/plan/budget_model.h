@@ -1,0 +1,89 @@
+#pragma once
+// The budget planner's fast model of one step: what a set of keep / offload /
+// recompute decisions does to the step time and the peak, in O(nodes +
+// decisions), without rewriting the graph.
+//
+// It starts from the simulator's timeline of the unchanged graph (per node:
+// compute time and live device bytes) and applies each decision as the
+// rewrite will place it (offload_rewrite.h, pointwise_replay.h):
+//   offload v:   the bytes leave after `offload_release` (the forward wait,
+//                release lag applied) and come back at `reload_at` (the
+//                prefetched reload); a D2H after the producer and an H2D at
+//                reload_at run on their own streams, in issue order, and the
+//                compute stream waits for each at the forward wait and at the
+//                first backward reader (or an earlier recompute reading v);
+//   recompute v: the bytes leave after the last forward use and come back
+//                when the recompute runs, right before the first backward
+//                reader or before an earlier recompute that reads v; the
+//                recompute adds its time to the compute stream there.
+// Transient bytes of a recompute's intermediates and the duplex slowdown are
+// left to the full simulation, which checks every plan the search returns.
+//
+// Thread-safety: immutable after construction; evaluate() is const and may run
+// concurrently.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "spillway/budget.h"
+
+namespace spillway::plan {
+
+struct ModelCandidate {
+  NodeId node = -1;
+  std::size_t position = 0;        // of the producer
+  std::int64_t bytes = 0;          // rounded as the allocator rounds it
+  bool can_offload = false;
+  bool can_recompute = false;
+  double recompute_ms = 0;         // the node and its intermediates
+  std::size_t last_forward = 0;    // a recomputed value is freed after it
+  std::size_t offload_release = 0; // an offloaded value is freed after it
+  std::size_t first_backward = 0;  // position of its first backward reader
+  // Candidates (indices) a recompute of this one reads, directly, through
+  // views or intermediates: they must be present when it runs.
+  std::vector<int> recompute_reads;
+};
+
+struct ModelScore {
+  double step_ms = 0;
+  std::int64_t peak = 0;
+  std::size_t peak_position = 0;
+  double wait_ms = 0;  // compute stream idle waiting for copies
+};
+
+class BudgetModel {
+ public:
+  // `node_ms` and `baseline_live` per graph position (the simulator's
+  // timeline of the unchanged graph); `reload_anchor[p]` is where a reload
+  // needed before position p is issued (p itself without prefetch).
+  // Candidates must be in graph order.
+  BudgetModel(std::vector<ModelCandidate> candidates, std::vector<double> node_ms,
+              std::vector<std::int64_t> baseline_live, std::vector<std::size_t> reload_anchor,
+              const CostModel& cost);
+
+  const std::vector<ModelCandidate>& candidates() const { return candidates_; }
+  std::size_t size() const { return candidates_.size(); }
+  // Scores a decision per candidate (decisions.size() == size()); a decision
+  // a candidate does not allow is a logic error (Error "[plan] internal").
+  ModelScore evaluate(const std::vector<Decision>& decisions) const;
+  // The freed interval of candidate i under `decision`: positions
+  // [first, last] where its bytes are not live (first > last: none), given
+  // the other decisions (a recompute reading i pulls it back earlier).
+  std::pair<std::size_t, std::size_t> freed_interval(const std::vector<Decision>& decisions,
+                                                     std::size_t i) const;
+
+ private:
+  // Position before which candidate i must be present under `decisions`.
+  std::vector<std::size_t> needed_before(const std::vector<Decision>& decisions) const;
+
+  std::vector<ModelCandidate> candidates_;
+  std::vector<double> node_ms_;
+  std::vector<double> prefix_ms_;  // prefix_ms_[p] = sum of node_ms_[0..p)
+  std::vector<std::int64_t> baseline_live_;
+  std::vector<std::size_t> reload_anchor_;
+  std::vector<double> d2h_ms_;  // per candidate
+  std::vector<double> h2d_ms_;
+};
+
+}  // namespace spillway::plan

@@ -1,0 +1,142 @@
+// The budget planner's fast model and searches on hand-built models: a step
+// of ten 1 ms nodes whose live bytes are given, and candidates whose
+// intervals are known.
+
+#include <gtest/gtest.h>
+
+#include "plan/budget_model.h"
+#include "plan/budget_search.h"
+#include "spillway/error.h"
+
+namespace spillway::plan {
+namespace {
+
+constexpr std::int64_t kMiB = 1 << 20;
+
+// A profile whose link moves 1 MiB per ms each way (about 1.05 GB/s).
+DeviceProfile slow_link() {
+  DeviceProfile p;
+  p.name = "test";
+  const double gbs = static_cast<double>(kMiB) / 1e6;  // bytes per ms / 1e6 = GB/s
+  p.d2h.points = {{1, gbs}};
+  p.h2d.points = {{1, gbs}};
+  p.d2h_duplex.points = {{1, gbs}};
+  p.h2d_duplex.points = {{1, gbs}};
+  p.memory_gbs = 1000;
+  p.matmul_tflops_bf16 = 100;
+  p.matmul_tflops_fp32 = 10;
+  return p;
+}
+
+// Nodes 0-4 forward, 5-9 backward, 1 ms each. Value A (4 MiB) is produced at
+// 0, last used in forward at 1, first read in backward at 8; B (2 MiB) is
+// produced at 2, last used at 3, read at 6. The baseline holds both from
+// production to the end of their use: the peak (6 MiB + 1 MiB other) is at 4-5.
+struct TwoValues {
+  std::vector<double> ms = std::vector<double>(10, 1.0);
+  std::vector<std::int64_t> live{5 * kMiB, 5 * kMiB, 7 * kMiB, 7 * kMiB, 7 * kMiB,
+                                 7 * kMiB, 7 * kMiB, 5 * kMiB, 5 * kMiB, 1 * kMiB};
+  std::vector<std::size_t> anchor{0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<ModelCandidate> candidates() const {
+    ModelCandidate a;
+    a.node = 100;
+    a.position = 0;
+    a.bytes = 4 * kMiB;
+    a.can_offload = a.can_recompute = true;
+    a.recompute_ms = 0.5;
+    a.last_forward = a.offload_release = 1;
+    a.first_backward = 8;
+    ModelCandidate b;
+    b.node = 101;
+    b.position = 2;
+    b.bytes = 2 * kMiB;
+    b.can_offload = b.can_recompute = true;
+    b.recompute_ms = 0.25;
+    b.last_forward = b.offload_release = 3;
+    b.first_backward = 6;
+    b.recompute_reads = {0};  // rebuilding B reads A
+    return {a, b};
+  }
+  BudgetModel model(const CostModel& cost) const { return BudgetModel(candidates(), ms, live, anchor, cost); }
+};
+
+TEST(BudgetModel, KeepingEverythingIsTheBaseline) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  const ModelScore score = t.model(cost).evaluate({Decision::kKeep, Decision::kKeep});
+  EXPECT_DOUBLE_EQ(score.step_ms, 10.0);
+  EXPECT_EQ(score.peak, 7 * kMiB);
+  EXPECT_EQ(score.peak_position, 2u);
+  EXPECT_DOUBLE_EQ(score.wait_ms, 0.0);
+}
+
+TEST(BudgetModel, OffloadStallsWhenTheCopyOutlastsTheComputeBeforeItsWait) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  // A's 4 MiB D2H starts after node 0 (t = 1 ms) and takes 4 ms; its forward
+  // wait after node 1 (t = 2 ms) waits until 5 ms: 3 ms of stall. The reload
+  // (issued before node 8, at 8+3 = 11 ms) takes 4 ms: 4 more.
+  const ModelScore score = t.model(cost).evaluate({Decision::kOffload, Decision::kKeep});
+  EXPECT_NEAR(score.wait_ms, 7.0, 1e-9);
+  EXPECT_NEAR(score.step_ms, 17.0, 1e-9);
+  // A is gone from node 2 to node 7.
+  EXPECT_EQ(score.peak, 5 * kMiB);
+}
+
+TEST(BudgetModel, RecomputeAddsItsTimeAndFreesUntilItsReader) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  const ModelScore score = t.model(cost).evaluate({Decision::kKeep, Decision::kRecompute});
+  EXPECT_NEAR(score.step_ms, 10.25, 1e-9);
+  EXPECT_EQ(score.peak, 7 * kMiB);  // node 2 still holds B (its producer)
+  // B is freed after node 3 until node 6.
+  const BudgetModel model = t.model(cost);
+  const auto interval = model.freed_interval({Decision::kKeep, Decision::kRecompute}, 1);
+  EXPECT_EQ(interval.first, 4u);
+  EXPECT_EQ(interval.second, 5u);
+}
+
+TEST(BudgetModel, ARecomputeReadingARecomputedValuePullsItForward) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  const BudgetModel model = t.model(cost);
+  // B's recompute reads A, so A must be rebuilt before node 6, not 8.
+  const auto interval = model.freed_interval({Decision::kRecompute, Decision::kRecompute}, 0);
+  EXPECT_EQ(interval.first, 2u);
+  EXPECT_EQ(interval.second, 5u);
+}
+
+TEST(BudgetModel, RejectsADecisionTheCandidateDoesNotAllow) {
+  const CostModel cost(slow_link());
+  TwoValues t;
+  std::vector<ModelCandidate> candidates = t.candidates();
+  candidates[0].can_recompute = false;
+  const BudgetModel model(candidates, t.ms, t.live, t.anchor, cost);
+  EXPECT_THROW(model.evaluate({Decision::kRecompute, Decision::kKeep}), Error);
+}
+
+TEST(BudgetSearch, GreedyFitsAndMatchesTheExactOptimumOnTwoValues) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  const BudgetModel model = t.model(cost);
+  for (std::int64_t budget : {7 * kMiB, 6 * kMiB, 5 * kMiB, 4 * kMiB}) {
+    std::vector<Decision> d(2, Decision::kKeep);
+    const bool fits = greedy(model, budget, d);
+    improve(model, budget, d);
+    const auto best = exact(model, budget);
+    ASSERT_EQ(fits, best.has_value()) << budget;
+    if (!fits) continue;
+    const ModelScore got = model.evaluate(d);
+    EXPECT_LE(got.peak, budget);
+    EXPECT_NEAR(got.step_ms, model.evaluate(*best).step_ms, 1e-9) << "budget " << budget;
+  }
+}
+
+TEST(BudgetSearch, ExactRefusesLargeModels) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  EXPECT_THROW(exact(t.model(cost), kMiB, 1), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace spillway::plan

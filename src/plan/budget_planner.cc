@@ -1,0 +1,162 @@
+// plan_memory_budget / sweep_memory_budget (spillway/budget.h).
+//
+// 1. The problem (budget_problem.h): candidates, recompute probes, the
+//    simulator's baseline and the fast model (budget_model.h).
+// 2. Search on the fast model (budget_search.h): greedy, then local search.
+// 3. Materialise, simulate in full, and search again with the full
+//    simulation's overshoot taken off when it does not fit.
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "plan/budget_problem.h"
+#include "plan/budget_search.h"
+#include "spillway/budget.h"
+#include "spillway/error.h"
+
+namespace spillway {
+namespace {
+
+using plan::BudgetProblem;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string gib(std::int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / kGiB);
+  return text;
+}
+
+void validate(const BudgetOptions& options) {
+  auto reject = [](const std::string& option, const std::string& value, const char* why) {
+    throw InvalidArgument("plan", "option " + option + " is " + value + "; " + why);
+  };
+  if (options.budget_bytes <= 0) {
+    reject("budget_bytes", std::to_string(options.budget_bytes), "it must be > 0");
+  }
+  if (options.prefetch_regions < 0) {
+    reject("prefetch_regions", std::to_string(options.prefetch_regions), "it must be >= 0");
+  }
+  if (options.release_lag < 0) {
+    reject("release_lag", std::to_string(options.release_lag), "it must be >= 0");
+  }
+  if (options.min_bytes < 0) reject("min_bytes", std::to_string(options.min_bytes), "it must be >= 0");
+  if (!options.allow_offload && !options.allow_recompute) {
+    reject("allow_offload/allow_recompute", "false/false", "at least one must be allowed");
+  }
+}
+
+std::int64_t min_reachable(const BudgetProblem& problem) {
+  return problem.materialise(plan::everything(problem.model())).forecast.peak_bytes;
+}
+
+// Search, materialise, and search again with the full simulation's overshoot
+// taken off. nullopt when no plan fits.
+std::optional<BudgetPlan> solve(const BudgetProblem& problem, std::int64_t budget,
+                                std::vector<Decision>& state) {
+  std::int64_t target = budget;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    plan::greedy(problem.model(), target, state);
+    std::vector<Decision> improved = state;
+    plan::improve(problem.model(), target, improved);
+    BudgetPlan plan = problem.materialise(improved);
+    if (plan.forecast.peak_bytes <= budget) return plan;
+    const std::int64_t over = plan.forecast.peak_bytes - budget;
+    target -= over + over / 8 + 1;
+    if (target <= 0) break;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view to_string(Decision decision) {
+  switch (decision) {
+    case Decision::kKeep:
+      return "keep";
+    case Decision::kOffload:
+      return "offload";
+    case Decision::kRecompute:
+      return "recompute";
+  }
+  return "unknown";
+}
+
+BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& options,
+                              const CostModel& cost) {
+  validate(options);
+  verify_graph(graph);
+  const BudgetProblem problem(graph, options, cost);
+  std::vector<Decision> state(problem.model().size(), Decision::kKeep);
+  if (problem.baseline().peak_bytes <= options.budget_bytes) {
+    BudgetPlan plan = problem.materialise(state);
+    return plan;
+  }
+  std::optional<BudgetPlan> plan = solve(problem, options.budget_bytes, state);
+  if (!plan) {
+    const std::int64_t floor = min_reachable(problem);
+    throw OutOfMemory("plan", "no plan fits a budget of " + gib(options.budget_bytes) +
+                                  " (" + std::to_string(options.budget_bytes) +
+                                  " bytes); the smallest reachable peak is " + gib(floor) + " (" +
+                                  std::to_string(floor) + " bytes), the graph's own peak " +
+                                  gib(problem.baseline().peak_bytes));
+  }
+  plan->min_reachable_bytes = min_reachable(problem);
+  return std::move(*plan);
+}
+
+std::vector<BudgetPlan> sweep_memory_budget(const Graph& graph, const BudgetOptions& options,
+                                            const CostModel& cost,
+                                            std::vector<std::int64_t> budgets) {
+  BudgetOptions checked = options;
+  if (checked.budget_bytes <= 0) checked.budget_bytes = 1;  // the sweep sets its own
+  validate(checked);
+  verify_graph(graph);
+  const BudgetProblem problem(graph, checked, cost);
+  const std::int64_t top = problem.baseline().peak_bytes;
+  const std::int64_t floor = min_reachable(problem);
+  if (budgets.empty()) {
+    for (int i = 0; i < 10; ++i) {
+      budgets.push_back(floor + (top - floor) * i / 9);
+    }
+  }
+  std::sort(budgets.begin(), budgets.end(), std::greater<>());
+  budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+
+  std::vector<BudgetPlan> plans;
+  std::vector<Decision> state(problem.model().size(), Decision::kKeep);
+  for (std::int64_t budget : budgets) {
+    if (budget <= 0) continue;
+    std::optional<BudgetPlan> plan;
+    if (budget >= top) {
+      plan = problem.materialise(std::vector<Decision>(problem.model().size(), Decision::kKeep));
+    } else {
+      plan = solve(problem, budget, state);
+    }
+    if (!plan) continue;
+    plan->options.budget_bytes = budget;
+    plan->min_reachable_bytes = floor;
+    plans.push_back(std::move(*plan));
+  }
+  // Monotone: each budget takes the fastest plan (then the smallest peak) of
+  // any budget that fits it; plans are sorted by budget, largest first.
+  std::vector<BudgetPlan> out;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    std::size_t best = i;
+    for (std::size_t j = 0; j < plans.size(); ++j) {
+      const Forecast& f = plans[j].forecast;
+      if (f.peak_bytes > plans[i].options.budget_bytes) continue;
+      const Forecast& b = plans[best].forecast;
+      if (f.step_ms < b.step_ms || (f.step_ms == b.step_ms && f.peak_bytes < b.peak_bytes)) best = j;
+    }
+    BudgetPlan chosen = plans[best];
+    chosen.options.budget_bytes = plans[i].options.budget_bytes;
+    out.push_back(std::move(chosen));
+  }
+  return out;
+}
+
+}  // namespace spillway

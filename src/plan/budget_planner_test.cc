@@ -1,0 +1,172 @@
+// The memory-budget planner on the shipped real graphs: fits what it says,
+// changes nothing when the budget allows, refuses what no plan reaches, and
+// sweeps a monotone curve.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "plan/budget_problem.h"
+#include "plan/budget_search.h"
+#include "spillway/budget.h"
+#include "spillway/error.h"
+
+namespace spillway {
+namespace {
+
+namespace fs = std::filesystem;
+
+Graph shipped(const std::string& name) {
+  return load_graph((fs::path(SPILLWAY_SOURCE_DIR) / "examples" / "graphs" / name).string());
+}
+
+BudgetOptions with_budget(std::int64_t bytes) {
+  BudgetOptions options;
+  options.budget_bytes = bytes;
+  return options;
+}
+
+class LlamaTiny : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { graph_ = new Graph(shipped("llama-tiny.json.zst")); }
+  static void TearDownTestSuite() { delete graph_; }
+  static const Graph& graph() { return *graph_; }
+  static std::int64_t baseline_peak(const CostModel& cost) {
+    return simulate(graph(), cost).peak_bytes;
+  }
+  inline static Graph* graph_ = nullptr;
+};
+
+TEST_F(LlamaTiny, ABudgetAtTheBaselinePeakChangesNothing) {
+  const CostModel cost(h200_profile());
+  const std::int64_t peak = baseline_peak(cost);
+  const BudgetPlan plan = plan_memory_budget(graph(), with_budget(peak), cost);
+  EXPECT_EQ(plan.graph, graph());
+  EXPECT_TRUE(plan.edits.empty());
+  for (const BudgetChoice& choice : plan.choices) EXPECT_EQ(choice.decision, Decision::kKeep);
+  EXPECT_EQ(plan.forecast.peak_bytes, peak);
+  EXPECT_DOUBLE_EQ(plan.forecast.step_ms, plan.baseline.step_ms);
+}
+
+TEST_F(LlamaTiny, ASmallerBudgetFitsAndTheRewriteIsValid) {
+  const CostModel cost(h200_profile());
+  const std::int64_t peak = baseline_peak(cost);
+  const std::vector<BudgetPlan> curve = sweep_memory_budget(graph(), with_budget(1), cost);
+  ASSERT_GE(curve.size(), 2u);
+  const std::int64_t floor = curve.back().min_reachable_bytes;
+  ASSERT_LT(floor, peak) << "the planner takes nothing off llama-tiny";
+  const std::int64_t budget = floor + (peak - floor) / 2;
+  const BudgetPlan plan = plan_memory_budget(graph(), with_budget(budget), cost);
+  EXPECT_LE(plan.forecast.peak_bytes, budget);
+  EXPECT_GE(plan.forecast.step_ms, plan.baseline.step_ms - 1e-9);
+  EXPECT_NO_THROW(verify_offload_graph(graph(), plan.graph));
+  int changed = 0;
+  for (const BudgetChoice& choice : plan.choices) changed += choice.decision != Decision::kKeep;
+  EXPECT_GT(changed, 0);
+  // The full simulation of the returned graph is the forecast.
+  SimOptions sim;
+  sim.recomputed = plan.recomputed_nodes;
+  EXPECT_EQ(simulate(plan.graph, cost, sim).peak_bytes, plan.forecast.peak_bytes);
+}
+
+TEST_F(LlamaTiny, ABudgetBelowReachIsAnErrorNamingTheSmallestPeak) {
+  const CostModel cost(h200_profile());
+  try {
+    plan_memory_budget(graph(), with_budget(1024), cost);
+    FAIL() << "a 1 KiB budget was accepted";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("smallest reachable peak"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("[plan]", 0), 0u) << e.what();
+  }
+}
+
+TEST_F(LlamaTiny, BadOptionsAreRejectedByName) {
+  const CostModel cost(h200_profile());
+  for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{0}}) {
+    try {
+      plan_memory_budget(graph(), with_budget(bad), cost);
+      FAIL() << "budget " << bad << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("budget_bytes"), std::string::npos) << e.what();
+    }
+  }
+  BudgetOptions options = with_budget(1 << 30);
+  options.scope = "no_such_module";
+  try {
+    plan_memory_budget(graph(), options, cost);
+    FAIL() << "an unknown scope was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("self_attn"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LlamaTiny, TheSweepIsMonotone) {
+  const CostModel cost(h200_profile());
+  const std::vector<BudgetPlan> curve = sweep_memory_budget(graph(), with_budget(1), cost);
+  ASSERT_GE(curve.size(), 5u);
+  for (std::size_t i = 0; i < curve.size(); ++i) {
+    EXPECT_LE(curve[i].forecast.peak_bytes, curve[i].options.budget_bytes);
+    if (i == 0) continue;
+    // Budgets decrease along the curve.
+    EXPECT_LT(curve[i].options.budget_bytes, curve[i - 1].options.budget_bytes);
+    EXPECT_GE(curve[i].forecast.step_ms, curve[i - 1].forecast.step_ms - 1e-9) << i;
+    EXPECT_LE(curve[i].forecast.peak_bytes, curve[i - 1].forecast.peak_bytes) << i;
+  }
+}
+
+TEST_F(LlamaTiny, OffloadOnlyAndRecomputeOnlyBothFit) {
+  const CostModel cost(h200_profile());
+  const std::int64_t peak = baseline_peak(cost);
+  for (bool offload : {true, false}) {
+    BudgetOptions options = with_budget(peak - peak / 20);
+    options.allow_offload = offload;
+    options.allow_recompute = !offload;
+    const BudgetPlan plan = plan_memory_budget(graph(), options, cost);
+    EXPECT_LE(plan.forecast.peak_bytes, options.budget_bytes);
+    for (const BudgetChoice& choice : plan.choices) {
+      EXPECT_NE(choice.decision, offload ? Decision::kRecompute : Decision::kOffload);
+    }
+    EXPECT_NO_THROW(verify_offload_graph(graph(), plan.graph));
+  }
+}
+
+// The default search against the exact optimum, on one block's candidates of
+// each shipped tiny graph (scope restricts them to a dozen or fewer).
+TEST(BudgetSearchGap, GreedyIsCloseToTheExactOptimum) {
+  const CostModel cost(h200_profile());
+  for (const auto& [file, scope] : {std::pair<std::string, std::string>{"llama-tiny.json.zst", "self_attn"},
+                                   {"llama-tiny.json.zst", "mlp"},
+                                   {"gpt2-tiny.json.zst", "attn"}}) {
+    const Graph graph = shipped(file);
+    BudgetOptions options = with_budget(1);
+    options.scope = scope;
+    const plan::BudgetProblem problem(graph, options, cost);
+    const plan::BudgetModel& model = problem.model();
+    if (model.size() > 12 || model.size() == 0) {
+      ADD_FAILURE() << file << " scope " << scope << ": " << model.size() << " candidates";
+      continue;
+    }
+    const std::int64_t top = model.evaluate(std::vector<Decision>(model.size(), Decision::kKeep)).peak;
+    const std::int64_t floor = model.evaluate(plan::everything(model)).peak;
+    for (int step = 1; step <= 4; ++step) {
+      const std::int64_t budget = top - (top - floor) * step / 4;
+      std::vector<Decision> d(model.size(), Decision::kKeep);
+      const bool fits = plan::greedy(model, budget, d);
+      plan::improve(model, budget, d);
+      const auto best = plan::exact(model, budget);
+      ASSERT_TRUE(best.has_value()) << file << " " << scope << " budget " << budget;
+      ASSERT_TRUE(fits) << file << " " << scope << " budget " << budget;
+      const double got = model.evaluate(d).step_ms;
+      const double optimum = model.evaluate(*best).step_ms;
+      const double gap = (got - optimum) / optimum;
+      std::printf("[gap] %s scope %s, %zu candidates, budget %lld: greedy %.4f ms, exact %.4f ms, "
+                  "gap %.2f %%\n",
+                  file.c_str(), scope.c_str(), model.size(), static_cast<long long>(budget), got,
+                  optimum, 100 * gap);
+      EXPECT_LE(gap, 0.05) << file << " " << scope;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace spillway

@@ -1,0 +1,311 @@
+#include "plan/budget_problem.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "analysis/op_facts.h"
+#include "analysis/regions.h"
+#include "plan/offload_rewrite.h"
+#include "plan/pointwise_replay.h"
+#include "spillway/error.h"
+
+namespace spillway::plan {
+
+Forecast forecast_of(const Graph& graph, const SimResult& sim) {
+  Forecast f;
+  f.step_ms = sim.step_ms;
+  f.peak_bytes = sim.peak_bytes;
+  f.peak_phase = sim.peak_phase;
+  for (const Node& node : graph.nodes) {
+    if (node.id == sim.peak_node) f.peak_node = node.name;
+  }
+  f.bytes_offloaded = sim.bytes_d2h;
+  f.recompute_ms = sim.recompute_ms;
+  f.compute_wait_ms = sim.compute_wait_ms;
+  return f;
+}
+
+BudgetProblem::BudgetProblem(const Graph& graph, const BudgetOptions& options, const CostModel& cost)
+    : graph_(graph),
+      options_(options),
+      cost_(cost),
+      index_(graph),
+      groups_(index_),
+      safety_(index_, groups_),
+      layers_(analysis::layer_roots(graph)),
+      regions_scope_(make_scope()),
+      rule_options_(make_rule_options()),
+      ctx_{index_, *regions_scope_, safety_, rule_options_}
+
+std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& decisions) const {
+  std::vector<BudgetChoice> out;
+  for (std::size_t i = 0; i < model_->size(); ++i) {
+    const ModelCandidate& c = model_->candidates()[i];
+    BudgetChoice choice;
+    choice.node = c.node;
+    choice.name = index_.node(c.node).name;
+    const std::string* root = regions_scope_->root_of(index_.node(c.node));
+    choice.block = block_of(c.node);
+    (void)root;
+    choice.bytes = c.bytes;
+    choice.decision = decisions[i];
+    choice.can_offload = c.can_offload;
+    choice.can_recompute = c.can_recompute;
+    choice.recompute_ms = c.recompute_ms;
+    out.push_back(std::move(choice));
+  }
+  return out;
+}
+
+BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) const {
+  BudgetPlan plan;
+  plan.options = options_;
+  plan.choices = choices(decisions);
+  plan.baseline = forecast_of(graph_, baseline_);
+  std::unordered_set<NodeId> offloaded, recomputed;
+  std::vector<std::pair<NodeId, std::int64_t>> in_order;
+  for (std::size_t i = 0; i < decisions.size(); ++i) {
+    const ModelCandidate& c = model_->candidates()[i];
+    in_order.emplace_back(c.node, c.bytes);
+    if (decisions[i] == Decision::kOffload) offloaded.insert(c.node);
+    if (decisions[i] == Decision::kRecompute) recomputed.insert(c.node);
+  }
+  std::unordered_set<NodeId> kept = saved_;
+  for (NodeId id : offloaded) kept.erase(id);
+  for (NodeId id : recomputed) kept.erase(id);
+  const ReplayPolicy policy{false, &recomputed, &kept};
+  ReplaySelection replay =
+      select_replays(ctx_, in_order, offloaded, facts_, policy);
+  std::unordered_set<NodeId> replayed;
+  for (const ReplayChoice& choice : replay.replays) {
+    if (choice.facts != nullptr) replayed.insert(choice.producer);
+  }
+  for (NodeId id : recomputed) {
+    if (!replayed.count(id)) {
+      throw Error("plan", "internal error: " + index_.node(id).name +
+                              " was chosen for recompute but cannot be rebuilt");
+    }
+  }
+  std::vector<ChosenValue> chosen;
+  for (std::size_t i = 0; i < decisions.size(); ++i) {
+    if (decisions[i] != Decision::kOffload) continue;
+    const ModelCandidate& c = model_->candidates()[i];
+    auto before = replay.reload_before.find(c.node);
+    chosen.push_back({c.node, c.bytes, &facts_.at(c.node),
+                      before == replay.reload_before.end() ? -1 : before->second});
+  }
+  std::stable_sort(chosen.begin(), chosen.end(),
+                   [](const ChosenValue& a, const ChosenValue& b) {
+                     return a.bytes > b.bytes;
+                   });
+  if (chosen.empty() && replay.replays.empty()) {
+    plan.graph = graph_;
+  } else {
+    OffloadRewrite rewrite = build_offload_rewrite(
+        index_, *regions_scope_, chosen, options_.prefetch_regions, replay,
+        ActivationPlanOptions::PrefetchAnchor::kRegionStart, options_.release_lag);
+    plan.edits = std::move(rewrite.edits);
+    plan.graph = apply_edits(graph_, plan.edits);
+    for (const Edit& edit : plan.edits) {
+      if (edit.kind == EditKind::kReplayOp) plan.recomputed_nodes.push_back(edit.node.id);
+    }
+  }
+  SimOptions sim_options;
+  sim_options.recomputed = plan.recomputed_nodes;
+  plan.simulation = simulate(plan.graph, cost_, sim_options);
+  plan.forecast = forecast_of(plan.graph, plan.simulation);
+  for (std::size_t i = 0; i < decisions.size(); ++i) {
+    if (decisions[i] == Decision::kRecompute) {
+      plan.forecast.bytes_recomputed += model_->candidates()[i].bytes;
+    }
+  }
+  return plan;
+}
+
+std::unique_ptr<analysis::ScopeRoots> BudgetProblem::make_scope() const {
+  if (!options_.scope.empty()) {
+    auto scope = std::make_unique<analysis::ScopeRoots>(graph_, options_.scope);
+    if (scope->empty()) {
+      std::string message = "scope '" + options_.scope + "' matches no module in graph '" +
+                            graph_.name + "'";
+      const std::vector<std::string> names = analysis::module_leaf_names(graph_);
+      if (!names.empty()) {
+        message += "; its module names are:";
+        for (const std::string& name : names) message += " " + name;
+      }
+      throw InvalidArgument("plan", message);
+    }
+    return scope;
+  }
+  if (layers_.empty()) {
+    throw InvalidArgument(
+        "plan", "graph '" + graph_.name +
+                    "' has no repeated blocks (no module path ends in a list index, such as "
+                    "model.layers.0): nothing to plan per block; pass a scope");
+  }
+  return std::make_unique<analysis::ScopeRoots>(
+      analysis::ScopeRoots::of_roots(graph_, layers_));
+}
+
+ActivationPlanOptions BudgetProblem::make_rule_options() const {
+  ActivationPlanOptions rules;
+  rules.scope = options_.scope.empty() ? "*" : options_.scope;
+  rules.min_bytes = options_.min_bytes;
+  rules.offload_tuple_outputs = true;
+  rules.dense_storages = true;
+  rules.prefetch_regions = options_.prefetch_regions;
+  rules.release_lag = options_.release_lag;
+  return rules;
+}
+
+std::string BudgetProblem::block_of(NodeId id) const {
+  const Node& node = index_.node(id);
+  for (const std::string& path : node.module_stack) {
+    if (std::find(layers_.begin(), layers_.end(), path) != layers_.end()) return path;
+  }
+  return node.module_stack.empty() ? std::string() : node.module_stack.back();
+}
+
+void BudgetProblem::collect_candidates() {
+  for (const Node& node : graph_.nodes) {
+    if (node.phase != Phase::kForward || node.kind == NodeKind::kOutput) continue;
+    bool backward_reads = false;
+    for (NodeId user : index_.users(node.id)) {
+      if (index_.node(user).phase == Phase::kBackward) backward_reads = true;
+    }
+    if (backward_reads && analysis::holds_tensor(node.value)) saved_.insert(node.id);
+    if (!analysis::holds_tensor(node.value)) continue;
+    std::string detail;
+    Rule rule = kPass;
+    for (ValueRule value_rule : value_rules()) {
+      rule = value_rule(ctx_, node, detail);
+      if (rule != kPass) break;
+    }
+    if (rule != kPass) continue;
+    CandidateFacts facts = gather_candidate_facts(ctx_, node);
+    for (ChainRule chain_rule : chain_rules()) {
+      rule = chain_rule(ctx_, facts, detail);
+      if (rule != kPass) break;
+    }
+    if (rule != kPass) continue;
+    candidates_.push_back(node.id);
+    facts_.emplace(node.id, std::move(facts));
+  }
+  // A candidate's views read by backward keep its storage: the saved set
+  // holds storage owners and views alike; select_replays reads by storage.
+}
+
+void BudgetProblem::build_model() {
+  const std::size_t n = graph_.nodes.size();
+  std::vector<double> node_ms(n, 0.0);
+  for (std::size_t p = 0; p < n; ++p) node_ms[p] = cost_.node_ms(graph_, graph_.nodes[p]);
+  SimOptions with_timeline;
+  with_timeline.record_timeline = true;
+  const SimResult timeline = simulate(graph_, cost_, with_timeline);
+  std::vector<std::int64_t> live(n, 0);
+  for (std::size_t p = 0; p < n && p < timeline.timeline.size(); ++p) {
+    live[p] = timeline.timeline[p].live_bytes;
+  }
+
+  std::vector<const Node*> nodes;
+  nodes.reserve(n);
+  for (const Node& node : graph_.nodes) nodes.push_back(&node);
+  const analysis::Regions forward = analysis::find_regions(nodes, *regions_scope_, Phase::kForward);
+  const analysis::Regions backward =
+      analysis::find_regions(nodes, *regions_scope_, Phase::kBackward);
+  std::vector<std::size_t> reload_anchor(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    reload_anchor[p] = p;
+    const Node& node = graph_.nodes[p];
+    if (node.phase != Phase::kBackward || options_.prefetch_regions == 0) continue;
+    const std::string* root = regions_scope_->root_of(node);
+    if (root == nullptr) continue;
+    const std::optional<std::size_t> k = analysis::region_of(backward, *root, p);
+    if (!k) continue;
+    const std::size_t target =
+        *k >= static_cast<std::size_t>(options_.prefetch_regions)
+            ? *k - static_cast<std::size_t>(options_.prefetch_regions)
+            : 0;
+    reload_anchor[p] = std::min(p, backward.anchors[target]);
+  }
+
+  // Recompute probes: each candidate alone, every saved value kept.
+  std::unordered_map<NodeId, int> candidate_index;
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    candidate_index.emplace(candidates_[i], static_cast<int>(i));
+  }
+  std::unordered_map<std::int64_t, int> candidate_of_storage;
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    if (auto storage = analysis::storage_of(index_.node(candidates_[i]))) {
+      candidate_of_storage.emplace(*storage, static_cast<int>(i));
+    }
+  }
+  std::vector<std::pair<NodeId, std::int64_t>> in_order;
+  for (NodeId id : candidates_) in_order.emplace_back(id, 0);
+  const std::unordered_set<NodeId> none;
+
+  std::vector<ModelCandidate> model;
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    const NodeId id = candidates_[i];
+    const Node& node = index_.node(id);
+    const CandidateFacts& facts = facts_.at(id);
+    ModelCandidate c;
+    c.node = id;
+    c.position = index_.position(id);
+    c.bytes = round_allocation(analysis::hinted_nbytes(node.value.tensor).value_or(0),
+                               cost_.profile());
+    c.can_offload = options_.allow_offload;
+    c.last_forward = forward_wait_position(index_, facts.lifetime);
+    c.offload_release = c.last_forward;
+    if (options_.release_lag > 0) {
+      if (const std::string* root = regions_scope_->root_of(node)) {
+        if (auto k = analysis::region_of(forward, *root, c.position)) {
+          const std::size_t later = *k + static_cast<std::size_t>(options_.release_lag);
+          if (later < forward.anchors.size() && forward.anchors[later] > 0) {
+            c.offload_release = std::max(c.offload_release, forward.anchors[later] - 1);
+          }
+        }
+      }
+    }
+    c.first_backward = index_.position(facts.first_backward_reader);
+    if (options_.allow_recompute) {
+      const std::unordered_set<NodeId> only{id};
+      const ReplayPolicy policy{false, &only, &saved_};
+      const ReplaySelection probe =
+          select_replays(ctx_, in_order, none, facts_, policy);
+      bool found = false;
+      for (const ReplayChoice& choice : probe.replays) {
+        found = found || choice.producer == id;
+        c.recompute_ms += node_ms[index_.position(choice.producer)];
+        for (NodeId input : choice.kept_inputs) {
+          const auto storage = analysis::storage_of(index_.node(input));
+          if (!storage) continue;
+          auto it = candidate_of_storage.find(*storage);
+          if (it != candidate_of_storage.end() && it->second != static_cast<int>(i) &&
+              std::find(c.recompute_reads.begin(), c.recompute_reads.end(), it->second) ==
+                  c.recompute_reads.end()) {
+            c.recompute_reads.push_back(it->second);
+          }
+        }
+      }
+      c.can_recompute = found;
+      if (!found) c.recompute_ms = 0;
+    }
+    if (c.can_offload || c.can_recompute) model.push_back(std::move(c));
+  }
+  // Drop candidates that can do nothing; reindex the reads.
+  std::unordered_map<NodeId, int> kept_index;
+  for (std::size_t i = 0; i < model.size(); ++i) kept_index.emplace(model[i].node, static_cast<int>(i));
+  for (ModelCandidate& c : model) {
+    std::vector<int> reads;
+    for (int old : c.recompute_reads) {
+      auto it = kept_index.find(candidates_[static_cast<std::size_t>(old)]);
+      if (it != kept_index.end()) reads.push_back(it->second);
+    }
+    c.recompute_reads = std::move(reads);
+  }
+  model_ = std::make_unique<BudgetModel>(std::move(model), std::move(node_ms), std::move(live),
+                                               std::move(reload_anchor), cost_);
+}
+
+}  // namespace spillway::plan

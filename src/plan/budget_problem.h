@@ -1,0 +1,69 @@
+#pragma once
+// One budget-planning problem: a graph's candidates (activation rules over its
+// repeated blocks), their recompute probes, the simulator's baseline, the
+// fast model built from them (budget_model.h), and the materialisation of a
+// decision vector as graph edits simulated in full.
+//
+// Ownership: keeps references to the graph and the cost model, which must
+// outlive it. Thread-safety: immutable after construction.
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "analysis/graph_index.h"
+#include "analysis/group_safety.h"
+#include "analysis/scope.h"
+#include "analysis/storage_groups.h"
+#include "plan/activation_rules.h"
+#include "plan/budget_model.h"
+#include "spillway/budget.h"
+
+namespace spillway::plan {
+
+class BudgetProblem {
+ public:
+  // Throws InvalidArgument for a scope that matches nothing or a graph
+  // without repeated blocks (and no scope).
+  BudgetProblem(const Graph& graph, const BudgetOptions& options, const CostModel& cost);
+
+  const Graph& graph() const { return graph_; }
+  const BudgetOptions& options() const { return options_; }
+  const BudgetModel& model() const { return *model_; }
+  // The full simulation of the graph as given.
+  const SimResult& baseline() const { return baseline_; }
+  // The choice per model candidate under `decisions`.
+  std::vector<BudgetChoice> choices(const std::vector<Decision>& decisions) const;
+  // The decisions as graph edits, applied and simulated in full.
+  BudgetPlan materialise(const std::vector<Decision>& decisions) const;
+
+ private:
+  std::unique_ptr<analysis::ScopeRoots> make_scope() const;
+  ActivationPlanOptions make_rule_options() const;
+  std::string block_of(NodeId id) const;
+  void collect_candidates();
+  void build_model();
+
+  const Graph& graph_;
+  BudgetOptions options_;
+  const CostModel& cost_;
+  analysis::GraphIndex index_;
+  analysis::StorageGroups groups_;
+  analysis::StorageSafety safety_;
+  std::vector<std::string> layers_;
+  std::unique_ptr<analysis::ScopeRoots> regions_scope_;
+  ActivationPlanOptions rule_options_;
+  RuleContext ctx_;
+  std::vector<NodeId> candidates_;  // graph order
+  std::unordered_map<NodeId, CandidateFacts> facts_;
+  std::unordered_set<NodeId> saved_;  // forward tensor values backward reads
+  SimResult baseline_;
+  std::unique_ptr<BudgetModel> model_;
+};
+
+// The forecast part of a full simulation.
+Forecast forecast_of(const Graph& graph, const SimResult& sim);
+
+}  // namespace spillway::plan
