@@ -1,0 +1,46 @@
+#pragma once
+// NodeLookup: node id -> position in graph.nodes, for the cost model and the
+// simulator. Internal to spillway_sim.
+//
+// Two modes. kTable builds a table once (O(nodes): a flat vector for the
+// dense ids graphs use, a hash map for ids far above the graph's size) and
+// checks that ids are unique and non-negative. kScan builds nothing: an id
+// equal to its position is found at once (exported graphs), any other by a
+// linear scan; it serves single CostModel calls that must not pay O(nodes)
+// up front.
+//
+// Ownership: keeps a pointer to the graph, which must outlive the lookup and
+// not change. Thread-safety: immutable after construction.
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "spillway/graph.h"
+
+namespace spillway::sim {
+
+class NodeLookup {
+ public:
+  enum class Mode { kTable, kScan };
+
+  // Throws InvalidGraph("[sim] node 4 (mm): ...") in kTable mode when an id
+  // is negative or repeats.
+  NodeLookup(const Graph& graph, Mode mode);
+
+  // Position of `id` in graph.nodes, or -1 when no node has it.
+  std::int64_t position(NodeId id) const;
+  // The node with `id`, or nullptr.
+  const Node* find(NodeId id) const {
+    const std::int64_t at = position(id);
+    return at < 0 ? nullptr : &graph_->nodes[static_cast<std::size_t>(at)];
+  }
+
+ private:
+  const Graph* graph_;
+  Mode mode_;
+  std::vector<std::int32_t> flat_;  // kTable: position by id, -1 for none
+  std::unordered_map<NodeId, std::int32_t> sparse_;  // kTable: ids >= flat_.size()
+};
+
+}  // namespace spillway::sim
