@@ -31,8 +31,9 @@ std::string_view op_name(std::string_view target) {
   const std::size_t first = target.find('.');
   if (first == std::string_view::npos) return target;
   const std::size_t second = target.find('.', first + 1);
-  return target.substr(first + 1,
-                       second == std::string_view::npos ? std::string_view::npos : second - first - 1);
+  const std::size_t length =
+      second == std::string_view::npos ? std::string_view::npos : second - first - 1;
+  return target.substr(first + 1, length);
 }
 
 // The argument named `name` by the schema (positional or keyword), or the
@@ -213,9 +214,9 @@ double flops(const Node& node, const OpSchema* schema, const NodeLookup& lookup)
 double estimate_ms(const DeviceProfile& profile, const Node& node, const OpSchema* schema,
                    const NodeLookup& lookup) {
   if (takes_no_time(node, schema, lookup)) return 0;
-  double bytes = static_cast<double>(value_nbytes(node.value));
+  double bytes = static_cast<double>(lookup.value_bytes(node.id));
   node.for_each_input([&](NodeId id) {
-    if (const Node* input = lookup.find(id)) bytes += static_cast<double>(value_nbytes(input->value));
+    bytes += static_cast<double>(lookup.value_bytes(id));
   });
   double ms = profile.memory_gbs > 0 ? bytes / (profile.memory_gbs * 1e6) : 0;
   const Work work = work_of(node, schema, lookup);

@@ -93,7 +93,8 @@ TEST(CostModel, AttentionCountsBothProductsCausalHalvesBackwardIsTwoAndAHalf) {
   yes.b = true;
   Arg zero;
   zero.kind = Arg::Kind::kDouble;
-  auto full = b.call_value("aten._scaled_dot_product_flash_attention.default", {q, k, v, zero}, out);
+  auto full =
+      b.call_value("aten._scaled_dot_product_flash_attention.default", {q, k, v, zero}, out);
   auto causal = b.call_value("aten._scaled_dot_product_flash_attention.default",
                              {q, k, v, zero, yes}, out);
   auto grad = b.input("g", b.tensor({2, 32, 1024, 64}));

@@ -271,7 +271,8 @@ const DeviceProfile& h200_profile() {
 
 std::int64_t round_allocation(std::int64_t bytes, const DeviceProfile& profile) {
   if (bytes <= 0) return 0;
-  const std::int64_t granule = profile.allocation_granularity > 0 ? profile.allocation_granularity : 1;
+  const std::int64_t granule =
+      profile.allocation_granularity > 0 ? profile.allocation_granularity : 1;
   return (bytes + granule - 1) / granule * granule;
 }
 

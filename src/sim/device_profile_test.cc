@@ -76,7 +76,8 @@ TEST(DeviceProfile, ParseErrorsNameTheField) {
             std::string::npos);
   EXPECT_NE(parse_error(h200_with("launch_us", "-1")).find("field 'launch_us'"),
             std::string::npos);
-  EXPECT_NE(parse_error(h200_with("matmul_tflops_bf16", "")).find("'matmul_tflops_bf16' is missing"),
+  EXPECT_NE(parse_error(h200_with("matmul_tflops_bf16", ""))
+                .find("'matmul_tflops_bf16' is missing"),
             std::string::npos);
   EXPECT_NE(parse_error(h200_with("h2d", "[]")).find("field 'h2d'"), std::string::npos);
   const std::string unsorted =
@@ -84,7 +85,8 @@ TEST(DeviceProfile, ParseErrorsNameTheField) {
   EXPECT_NE(unsorted.find("field 'd2h[1].bytes'"), std::string::npos) << unsorted;
   const std::string zero_rate = parse_error(h200_with("d2h_duplex", R"([{"bytes": 1, "gbs": 0}])"));
   EXPECT_NE(zero_rate.find("field 'd2h_duplex[0].gbs'"), std::string::npos) << zero_rate;
-  const std::string extra = parse_error(h200_with("h2d_duplex", R"([{"bytes": 1, "gbs": 1, "x": 2}])"));
+  const std::string extra =
+      parse_error(h200_with("h2d_duplex", R"([{"bytes": 1, "gbs": 1, "x": 2}])"));
   EXPECT_NE(extra.find("field 'h2d_duplex[0].x' is not a field"), std::string::npos) << extra;
   EXPECT_NE(parse_error(h200_with("name", "\"x\", \"colour\": 3")).find("field 'colour'"),
             std::string::npos);

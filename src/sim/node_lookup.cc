@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "sim/tensor_bytes.h"
 #include "spillway/error.h"
 
 namespace spillway::sim {
@@ -25,6 +26,7 @@ NodeLookup::NodeLookup(const Graph& graph, Mode mode) : graph_(&graph), mode_(mo
     }
   }
   flat_.assign(flat_size, -1);
+  value_bytes_.assign(n, 0);
   for (std::size_t at = 0; at < n; ++at) {
     const Node& node = graph.nodes[at];
     if (node.id < 0) throw InvalidGraph("sim", label(node) + ": field 'id' is negative");
@@ -60,6 +62,13 @@ std::int64_t NodeLookup::position(NodeId id) const {
     if (nodes[at].id == id) return static_cast<std::int64_t>(at);
   }
   return -1;
+}
+
+std::int64_t NodeLookup::value_bytes(NodeId id) const {
+  const std::int64_t at = position(id);
+  if (at < 0) return 0;
+  if (mode_ == Mode::kTable) return value_bytes_[static_cast<std::size_t>(at)];
+  return value_nbytes(graph_->nodes[static_cast<std::size_t>(at)].value);
 }
 
 }  // namespace spillway::sim

@@ -35,12 +35,19 @@ class NodeLookup {
     const std::int64_t at = position(id);
     return at < 0 ? nullptr : &graph_->nodes[static_cast<std::size_t>(at)];
   }
+  // value_nbytes (tensor_bytes.h) of the node with `id`, 0 when there is
+  // none. kTable mode answers what set_value_bytes recorded for the node (0
+  // before), so a caller that walks the graph once records each node's bytes
+  // as it goes; kScan mode computes them.
+  std::int64_t value_bytes(NodeId id) const;
+  void set_value_bytes(std::size_t position, std::int64_t bytes) { value_bytes_[position] = bytes; }
 
  private:
   const Graph* graph_;
   Mode mode_;
   std::vector<std::int32_t> flat_;  // kTable: position by id, -1 for none
   std::unordered_map<NodeId, std::int32_t> sparse_;  // kTable: ids >= flat_.size()
+  std::vector<std::int64_t> value_bytes_;             // kTable: by position
 };
 
 }  // namespace spillway::sim

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -124,6 +125,46 @@ class SlotTable {
   std::unordered_map<std::int64_t, std::int32_t> sparse_;
 };
 
+// Graph::schema_of with one cheap hash per node. Looking targets up was a
+// quarter of the simulation's time both with the ordered map (string compares)
+// and with std::hash (murmur over every byte); targets differ in their length
+// and in the few bytes after the namespace and at the end ("aten.mm.default",
+// "aten.add.Tensor"), which is all this hash reads. Collisions only cost an
+// equality compare.
+struct TargetHash {
+  std::size_t operator()(std::string_view target) const noexcept {
+    const std::size_t n = target.size();
+    std::uint64_t head = 0;
+    std::uint64_t tail = 0;
+    if (n >= 13) {
+      std::memcpy(&head, target.data() + 5, 8);  // past "aten." and the like
+      std::memcpy(&tail, target.data() + n - 8, 8);
+    } else {
+      std::memcpy(&head, target.data(), std::min<std::size_t>(n, 8));
+      if (n > 8) std::memcpy(&tail, target.data() + 8, n - 8);
+    }
+    std::uint64_t h = (head * 0x9E3779B97F4A7C15ull) ^ (tail + n) * 0xC2B2AE3D27D4EB4Full;
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+};
+
+class SchemaTable {
+ public:
+  explicit SchemaTable(const Graph& graph) {
+    by_target_.reserve(2 * graph.ops.size());
+    for (const auto& [target, schema] : graph.ops) by_target_.emplace(target, &schema);
+  }
+
+  const OpSchema* of(const Node& node) const {
+    if (node.kind != NodeKind::kCallFunction) return nullptr;
+    auto it = by_target_.find(node.target);
+    return it == by_target_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::unordered_map<std::string_view, const OpSchema*, TargetHash> by_target_;
+};
+
 std::string label(const Node& node) {
   return "node " + std::to_string(node.id) + " (" + node.name + ")";
 }
@@ -189,6 +230,7 @@ class Simulation {
         cost_(cost),
         options_(options),
         lookup_(graph, NodeLookup::Mode::kTable),
+        schemas_(graph),
         n_(graph.nodes.size()),
         slot_table_(graph.nodes.size()) {}
 
@@ -215,25 +257,34 @@ class Simulation {
     return s;
   }
 
-  void add_outputs(const Value& value, std::int32_t pos, std::size_t begin) {
+  // Records the slots of the node's tensors from out_slots_[begin] on;
+  // returns the value's bytes (value_nbytes).
+  std::int64_t add_outputs(const Value& value, std::int32_t pos, std::size_t begin) {
     if (value.is_tensor()) {
+      const sim::TensorBytes bytes = sim::tensor_bytes(value.tensor);
       const std::int32_t s = slot_for(value.tensor, pos);
       Slot& slot = slots_[static_cast<std::size_t>(s)];
-      slot.bytes = std::max(slot.bytes, sim::storage_extent(value.tensor));
+      slot.bytes = std::max(slot.bytes, bytes.extent);
       slot.last = std::max(slot.last, pos);
       for (std::size_t i = begin; i < out_slots_.size(); ++i) {
-        if (out_slots_[i] == s) return;  // two elements on one storage (split)
+        if (out_slots_[i] == s) return bytes.nbytes;  // two elements on one storage (split)
       }
       out_slots_.push_back(s);
-      return;
+      return bytes.nbytes;
     }
-    for (const Value& element : value.elements) add_outputs(element, pos, begin);
+    std::int64_t total = 0;
+    for (const Value& element : value.elements) {
+      total = sim::add_bytes(total, add_outputs(element, pos, begin));
+    }
+    return total;
   }
 
   std::int32_t position_of_input(const Node& node, NodeId id, std::int32_t pos) const {
     const std::int64_t at = lookup_.position(id);
     if (at < 0) fail(node, "reads node " + std::to_string(id) + ", which the graph does not have");
-    if (at >= pos) fail(node, "reads node " + std::to_string(id) + ", which does not come before it");
+    if (at >= pos) {
+      fail(node, "reads node " + std::to_string(id) + ", which does not come before it");
+    }
     return static_cast<std::int32_t>(at);
   }
 
@@ -247,7 +298,6 @@ class Simulation {
     slots_.reserve(n_);
     slot_forward_.reserve(n_);
     out_slots_.reserve(n_ + n_ / 4);
-    const sim::NodeLookup& lookup = lookup_;
     const DeviceProfile& profile = cost_.profile();
 
     for (std::size_t at = 0; at < n_; ++at) {
@@ -270,7 +320,7 @@ class Simulation {
       });
 
       const std::size_t begin = out_slots_.size();
-      add_outputs(node.value, pos, begin);
+      lookup_.set_value_bytes(at, add_outputs(node.value, pos, begin));
       out_begin_[at + 1] = static_cast<std::int32_t>(out_slots_.size());
       if (node.kind == NodeKind::kPlaceholder || node.kind == NodeKind::kGetAttr) {
         for (std::size_t i = begin; i < out_slots_.size(); ++i) {
@@ -280,7 +330,7 @@ class Simulation {
 
       switch (role) {
         case Role::kCompute:
-          duration_[at] = sim::node_ms(profile, node, graph_.schema_of(node), lookup);
+          duration_[at] = sim::node_ms(profile, node, schemas_.of(node), lookup_);
           break;
         case Role::kOffload:
           link_offload(node, pos, begin);
@@ -302,7 +352,9 @@ class Simulation {
     if (input_id < 0) fail(node, "offload's first argument is not a node");
     const std::int32_t input = position_of_input(node, input_id, pos);
     const Node& moved = graph_.nodes[static_cast<std::size_t>(input)];
-    if (!moved.value.is_tensor()) fail(node, "offloads " + label(moved) + ", which is not a tensor");
+    if (!moved.value.is_tensor()) {
+      fail(node, "offloads " + label(moved) + ", which is not a tensor");
+    }
     const auto input_at = static_cast<std::size_t>(input);
     if (out_begin_[input_at + 1] > out_begin_[input_at]) {
       in_flight_slot_[static_cast<std::size_t>(pos)] =
@@ -546,7 +598,8 @@ class Simulation {
   const Graph& graph_;
   const CostModel& cost_;
   const SimOptions& options_;
-  const NodeLookup lookup_;
+  NodeLookup lookup_;  // value bytes recorded as lay_out() walks the graph
+  const SchemaTable schemas_;
   const std::size_t n_;
 
   // By node position.

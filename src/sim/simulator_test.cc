@@ -126,6 +126,26 @@ TEST(Simulate, AViewAllocatesNothingAndKeepsItsBaseAlive) {
   EXPECT_EQ(point_of(r2, wide).live_bytes, (1 + 2) * kMiB);
 }
 
+TEST(Simulate, TupleElementsAreStoragesOfTheirOwnSharedByTheirGetitems) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto pair = b.call_value("aten.attention.default", {x},
+                           GraphBuilder::tuple({mib_tensor(4), mib_tensor(2)}));
+  TensorInfo first = mib_tensor(4);  // the getitem shares the element's storage
+  first.storage = b.node(pair).value.elements[0].tensor.storage;
+  auto out = b.call_untyped("operator.getitem", {pair, testing::lit(0)}, Value::of_tensor(first));
+  auto y = b.call("aten.relu.default", {out}, mib_tensor(1));
+  auto z = b.call("aten.relu.default", {y}, mib_tensor(1));
+  b.output({z});
+  SimResult r = simulate(b.build(), CostModel(flat_profile()));
+  EXPECT_EQ(point_of(r, pair).live_bytes, (1 + 4 + 2) * kMiB);
+  EXPECT_EQ(point_of(r, out).live_bytes, (1 + 4 + 2) * kMiB);  // the getitem allocates nothing
+  // The unselected element goes after the tuple's last reader (the getitem);
+  // the selected one after the getitem's last reader.
+  EXPECT_EQ(point_of(r, y).live_bytes, (1 + 4 + 1) * kMiB);
+  EXPECT_EQ(point_of(r, z).live_bytes, (1 + 1 + 1) * kMiB);
+}
+
 TEST(Simulate, AllocationsRoundUpTo512Bytes) {
   GraphBuilder b;
   auto x = b.input("x", GraphBuilder::tensor({50}));  // 100 bytes

@@ -7,13 +7,17 @@ namespace {
 
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 
+// Operands are >= 0. (No division: this runs for every value of every
+// simulated graph.)
 std::int64_t saturating_mul(std::int64_t a, std::int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  if (a > kMax / b) return kMax;
-  return a * b;
+  std::int64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? kMax : product;
 }
 
-std::int64_t saturating_add(std::int64_t a, std::int64_t b) { return a > kMax - b ? kMax : a + b; }
+std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  std::int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? kMax : sum;
+}
 
 }  // namespace
 
@@ -30,18 +34,30 @@ std::int64_t hinted_nbytes(const TensorInfo& info) {
   return saturating_mul(hinted_numel(info), info.element_size > 0 ? info.element_size : 0);
 }
 
-std::int64_t storage_extent(const TensorInfo& info) {
-  if (info.strides.size() != info.sizes.size()) return hinted_nbytes(info);
+TensorBytes tensor_bytes(const TensorInfo& info) {
+  const std::int64_t element_size = info.element_size > 0 ? info.element_size : 0;
+  const bool strided = info.strides.size() == info.sizes.size();
+  std::int64_t numel = 1;
   std::int64_t last = 0;  // offset of the last element, in elements
+  bool known_strides = strided;
   for (std::size_t d = 0; d < info.sizes.size(); ++d) {
     const SymSize& size = info.sizes[d];
-    const SymSize& stride = info.strides[d];
-    if (!size.hint || *size.hint <= 0) return 0;
-    if (!stride.hint) return hinted_nbytes(info);
-    if (*stride.hint < 0) return hinted_nbytes(info);
-    last = saturating_add(last, saturating_mul(*size.hint - 1, *stride.hint));
+    if (!size.hint || *size.hint <= 0) return {};
+    numel = saturating_mul(numel, *size.hint);
+    if (known_strides) {
+      const SymSize& stride = info.strides[d];
+      if (stride.hint && *stride.hint >= 0) {
+        last = saturating_add(last, saturating_mul(*size.hint - 1, *stride.hint));
+      } else {
+        known_strides = false;
+      }
+    }
   }
-  return saturating_mul(saturating_add(last, 1), info.element_size > 0 ? info.element_size : 0);
+  TensorBytes bytes;
+  bytes.nbytes = saturating_mul(numel, element_size);
+  bytes.extent =
+      known_strides ? saturating_mul(saturating_add(last, 1), element_size) : bytes.nbytes;
+  return bytes;
 }
 
 std::int64_t value_nbytes(const Value& value) {
@@ -50,5 +66,7 @@ std::int64_t value_nbytes(const Value& value) {
   for (const Value& element : value.elements) total = saturating_add(total, value_nbytes(element));
   return total;
 }
+
+std::int64_t add_bytes(std::int64_t a, std::int64_t b) { return saturating_add(a, b); }
 
 }  // namespace spillway::sim
