@@ -10,7 +10,8 @@
 // up front.
 //
 // Ownership: keeps a pointer to the graph, which must outlive the lookup and
-// not change. Thread-safety: immutable after construction.
+// not change. Thread-safety: none; one simulation (or one CostModel call)
+// owns its lookup.
 
 #include <cstdint>
 #include <unordered_map>
@@ -40,6 +41,7 @@ class NodeLookup {
   // before), so a caller that walks the graph once records each node's bytes
   // as it goes; kScan mode computes them.
   std::int64_t value_bytes(NodeId id) const;
+  // kTable mode only; `position` < graph.nodes.size().
   void set_value_bytes(std::size_t position, std::int64_t bytes) { value_bytes_[position] = bytes; }
 
  private:

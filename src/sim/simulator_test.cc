@@ -347,6 +347,11 @@ TEST(Simulate, AReferenceToALaterNodeIsInvalidGraph) {
   auto a = b.call("aten.relu.default", {x}, mib_tensor(1));
   b.node(a).args[0] = Arg::of_node(7);
   EXPECT_NE(invalid_graph_error(b.build()).find("reads node 7"), std::string::npos);
+  Graph twice = b.build();
+  twice.nodes[1].args[0] = Arg::of_node(0);
+  twice.nodes[1].id = 0;
+  EXPECT_NE(invalid_graph_error(twice).find("node 0 (relu_0): field 'id' repeats"),
+            std::string::npos);
 }
 
 TEST(Simulate, UnknownRecomputedNodeIsInvalidArgument) {
