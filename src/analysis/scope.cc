@@ -148,8 +148,6 @@ std::vector<std::string> module_leaf_names(const Graph& graph) {
   return names;
 }
 
-}  // namespace spillway::analysis
-
 std::vector<std::string> layer_roots(const Graph& graph) {
   // parent path -> its index children, in order of first appearance
   std::vector<std::pair<std::string, std::vector<std::string>>> lists;
@@ -177,3 +175,5 @@ std::vector<std::string> layer_roots(const Graph& graph) {
   }
   return best == nullptr ? std::vector<std::string>{} : *best;
 }
+
+}  // namespace spillway::analysis

@@ -63,9 +63,14 @@ std::vector<std::size_t> BudgetModel::needed_before(const std::vector<Decision>&
 
 std::pair<std::size_t, std::size_t> BudgetModel::freed_interval(
     const std::vector<Decision>& decisions, std::size_t i) const {
+  return freed_interval(needed_before(decisions), i, decisions[i]);
+}
+
+std::pair<std::size_t, std::size_t> BudgetModel::freed_interval(
+    const std::vector<std::size_t>& needed, std::size_t i, Decision decision) const {
   const ModelCandidate& c = candidates_[i];
-  const std::size_t before = needed_before(decisions)[i];
-  switch (decisions[i]) {
+  const std::size_t before = needed[i];
+  switch (decision) {
     case Decision::kOffload: {
       const std::size_t back = reload_anchor_[before];
       return {c.offload_release + 1, back == 0 ? 0 : back - 1};
@@ -78,7 +83,8 @@ std::pair<std::size_t, std::size_t> BudgetModel::freed_interval(
   return {1, 0};
 }
 
-ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions) const {
+ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions,
+                                 std::vector<std::int64_t>* live_out) const {
   if (decisions.size() != candidates_.size()) {
     throw Error("plan", "internal error: one decision per candidate expected");
   }
@@ -159,9 +165,11 @@ ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions) const {
   score.step_ms = std::max({t, d2h_free, h2d_free});
 
   std::int64_t running = 0;
+  if (live_out != nullptr) live_out->resize(n);
   for (std::size_t p = 0; p < n; ++p) {
     running += delta[p];
     const std::int64_t live = baseline_live_[p] + running;
+    if (live_out != nullptr) (*live_out)[p] = live;
     if (live > score.peak) {
       score.peak = live;
       score.peak_position = p;

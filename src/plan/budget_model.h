@@ -66,16 +66,23 @@ class BudgetModel {
   std::size_t size() const { return candidates_.size(); }
   // Scores a decision per candidate (decisions.size() == size()); a decision
   // a candidate does not allow is a logic error (Error "[plan] internal").
-  ModelScore evaluate(const std::vector<Decision>& decisions) const;
+  // With `live`, also the live bytes while each node runs (one per position).
+  ModelScore evaluate(const std::vector<Decision>& decisions,
+                      std::vector<std::int64_t>* live = nullptr) const;
   // The freed interval of candidate i under `decision`: positions
   // [first, last] where its bytes are not live (first > last: none), given
   // the other decisions (a recompute reading i pulls it back earlier).
   std::pair<std::size_t, std::size_t> freed_interval(const std::vector<Decision>& decisions,
                                                      std::size_t i) const;
+  // The same with needed_before(decisions) computed by the caller, for
+  // candidate i taking `decision` (the others as in the vector it came from).
+  std::pair<std::size_t, std::size_t> freed_interval(const std::vector<std::size_t>& before,
+                                                     std::size_t i, Decision decision) const;
+  // Position before which each candidate must be present under `decisions`:
+  // its first backward reader, or an earlier recompute that reads it.
+  std::vector<std::size_t> needed_before(const std::vector<Decision>& decisions) const;
 
  private:
-  // Position before which candidate i must be present under `decisions`.
-  std::vector<std::size_t> needed_before(const std::vector<Decision>& decisions) const;
 
   std::vector<ModelCandidate> candidates_;
   std::vector<double> node_ms_;

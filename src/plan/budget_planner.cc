@@ -55,17 +55,29 @@ std::int64_t min_reachable(const BudgetProblem& problem) {
 
 // Search, materialise, and search again with the full simulation's overshoot
 // taken off. nullopt when no plan fits.
+// `margin`: what the full simulation added to the model's peak on earlier
+// plans (a recompute's transients); the search aims that much lower, and
+// learns it here for the next budget of a sweep.
 std::optional<BudgetPlan> solve(const BudgetProblem& problem, std::int64_t budget,
-                                std::vector<Decision>& state) {
-  std::int64_t target = budget;
+                                std::vector<Decision>& state, std::int64_t& margin) {
+  std::int64_t target = budget - margin;
   for (int attempt = 0; attempt < 4; ++attempt) {
-    plan::greedy(problem.model(), target, state);
+    if (!plan::greedy(problem.model(), target, state)) {
+      // The greedy order can strand a candidate on an action that frees less
+      // than another would; the most of everything is the last resort.
+      state = plan::everything(problem.model());
+    }
     std::vector<Decision> improved = state;
     plan::improve(problem.model(), target, improved);
     BudgetPlan plan = problem.materialise(improved);
+    const std::int64_t model_peak = problem.model().evaluate(improved).peak;
+    margin = std::max(margin, plan.forecast.peak_bytes - model_peak);
     if (plan.forecast.peak_bytes <= budget) return plan;
+    // The model misses transients (a recompute's intermediates): aim its
+    // peak lower by the overshoot, and a little more each time.
     const std::int64_t over = plan.forecast.peak_bytes - budget;
-    target -= over + over / 8 + 1;
+    target = std::min(target, model_peak) - over -
+             over * (attempt + 1) / 8 - 1;
     if (target <= 0) break;
   }
   return std::nullopt;
@@ -95,7 +107,8 @@ BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& options,
     BudgetPlan plan = problem.materialise(state);
     return plan;
   }
-  std::optional<BudgetPlan> plan = solve(problem, options.budget_bytes, state);
+  std::int64_t margin = 0;
+  std::optional<BudgetPlan> plan = solve(problem, options.budget_bytes, state, margin);
   if (!plan) {
     const std::int64_t floor = min_reachable(problem);
     throw OutOfMemory("plan", "no plan fits a budget of " + gib(options.budget_bytes) +
@@ -128,13 +141,14 @@ std::vector<BudgetPlan> sweep_memory_budget(const Graph& graph, const BudgetOpti
 
   std::vector<BudgetPlan> plans;
   std::vector<Decision> state(problem.model().size(), Decision::kKeep);
+  std::int64_t margin = 0;
   for (std::int64_t budget : budgets) {
     if (budget <= 0) continue;
     std::optional<BudgetPlan> plan;
     if (budget >= top) {
       plan = problem.materialise(std::vector<Decision>(problem.model().size(), Decision::kKeep));
     } else {
-      plan = solve(problem, budget, state);
+      plan = solve(problem, budget, state, margin);
     }
     if (!plan) continue;
     plan->options.budget_bytes = budget;
@@ -142,10 +156,15 @@ std::vector<BudgetPlan> sweep_memory_budget(const Graph& graph, const BudgetOpti
     plans.push_back(std::move(*plan));
   }
   // Monotone: each budget takes the fastest plan (then the smallest peak) of
-  // any budget that fits it; plans are sorted by budget, largest first.
+  // any budget that fits it; plans are sorted by budget, largest first. A
+  // budget at or above the graph's peak keeps its plan that changes nothing.
   std::vector<BudgetPlan> out;
   for (std::size_t i = 0; i < plans.size(); ++i) {
     std::size_t best = i;
+    if (plans[i].options.budget_bytes >= top) {
+      out.push_back(plans[i]);
+      continue;
+    }
     for (std::size_t j = 0; j < plans.size(); ++j) {
       const Forecast& f = plans[j].forecast;
       if (f.peak_bytes > plans[i].options.budget_bytes) continue;

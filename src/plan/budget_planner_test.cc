@@ -136,10 +136,11 @@ TEST(BudgetSearchGap, GreedyIsCloseToTheExactOptimum) {
   const CostModel cost(h200_profile());
   for (const auto& [file, scope] : {std::pair<std::string, std::string>{"llama-tiny.json.zst", "self_attn"},
                                    {"llama-tiny.json.zst", "mlp"},
-                                   {"gpt2-tiny.json.zst", "attn"}}) {
+                                   {"gpt2-tiny.json.zst", "mlp"}}) {
     const Graph graph = shipped(file);
     BudgetOptions options = with_budget(1);
     options.scope = scope;
+    options.min_bytes = 256 << 10;  // the tiny graphs' values are 0.5-1.4 MiB
     const plan::BudgetProblem problem(graph, options, cost);
     const plan::BudgetModel& model = problem.model();
     if (model.size() > 12 || model.size() == 0) {

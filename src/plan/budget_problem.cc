@@ -35,7 +35,11 @@ BudgetProblem::BudgetProblem(const Graph& graph, const BudgetOptions& options, c
       layers_(analysis::layer_roots(graph)),
       regions_scope_(make_scope()),
       rule_options_(make_rule_options()),
-      ctx_{index_, *regions_scope_, safety_, rule_options_}
+      ctx_{index_, *regions_scope_, safety_, rule_options_} {
+  collect_candidates();
+  baseline_ = simulate(graph_, cost_, SimOptions{});
+  build_model();
+}
 
 std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& decisions) const {
   std::vector<BudgetChoice> out;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 
 #include "spillway/error.h"
 
@@ -16,63 +17,139 @@ bool covers(std::pair<std::size_t, std::size_t> interval, std::size_t position) 
 }  // namespace
 
 bool greedy(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d) {
-  ModelScore score = model.evaluate(d);
+  // Lazy: an action's added time per byte is cached and re-evaluated only
+  // when it comes first; copies queue behind each other, so the added time
+  // of an offload only grows as others are added, and a stale ratio is a
+  // lower bound worth checking first.
   const std::size_t k = model.size();
+  constexpr double kUnknown = -1;
+  std::vector<double> ratio(2 * k, kUnknown);  // [2i]: recompute, [2i + 1]: offload
+  ModelScore score = model.evaluate(d);
+  auto true_ratio = [&](std::size_t i, Decision action) {
+    const ModelCandidate& c = model.candidates()[i];
+    const Decision was = d[i];
+    double added;
+    if (was == Decision::kKeep && action == Decision::kRecompute) {
+      added = c.recompute_ms;  // a recompute costs its time
+    } else {
+      d[i] = action;
+      added = model.evaluate(d).step_ms - score.step_ms;
+      d[i] = was;
+    }
+    return std::max(added, 1e-6) / static_cast<double>(c.bytes);
+  };
+  struct Option {
+    double ratio;
+    std::size_t i;
+    Decision action;
+  };
+  std::vector<Option> options;
   while (score.peak > budget) {
-    double best_ratio = std::numeric_limits<double>::infinity();
-    std::size_t best = k;
-    Decision best_action = Decision::kKeep;
+    const std::vector<std::size_t> before = model.needed_before(d);
+    options.clear();
     for (std::size_t i = 0; i < k; ++i) {
-      if (d[i] != Decision::kKeep) continue;
       const ModelCandidate& c = model.candidates()[i];
+      if (d[i] == Decision::kRecompute) continue;
+      // Already offloaded: only a recompute frees longer (no prefetch lead).
       for (Decision action : {Decision::kRecompute, Decision::kOffload}) {
-        if (action == Decision::kRecompute && !c.can_recompute) continue;
-        if (action == Decision::kOffload && !c.can_offload) continue;
-        d[i] = action;
-        if (!covers(model.freed_interval(d, i), score.peak_position)) {
-          d[i] = Decision::kKeep;
+        if (action == d[i] || (action == Decision::kRecompute && !c.can_recompute) ||
+            (action == Decision::kOffload && !c.can_offload)) {
           continue;
         }
-        // A recompute costs its time; an offload costs what the model says.
-        double added;
-        if (action == Decision::kRecompute) {
-          added = c.recompute_ms;
-        } else {
-          added = model.evaluate(d).step_ms - score.step_ms;
-        }
-        d[i] = Decision::kKeep;
-        const double ratio = std::max(added, 1e-6) / static_cast<double>(c.bytes);
-        if (ratio < best_ratio) {
-          best_ratio = ratio;
-          best = i;
-          best_action = action;
-        }
+        if (!covers(model.freed_interval(before, i, action), score.peak_position)) continue;
+        double& cached = ratio[2 * i + (action == Decision::kOffload ? 1 : 0)];
+        if (cached == kUnknown) cached = true_ratio(i, action);
+        options.push_back({cached, i, action});
       }
     }
-    if (best == k) return false;
-    d[best] = best_action;
+    if (options.empty()) return false;
+    std::sort(options.begin(), options.end(),
+              [](const Option& a, const Option& b) { return a.ratio < b.ratio; });
+    // Refresh the front until it stays in front.
+    std::size_t pick = 0;
+    for (int refresh = 0; refresh < 8 && options.size() > 1; ++refresh) {
+      Option& front = options[0];
+      const double fresh = true_ratio(front.i, front.action);
+      ratio[2 * front.i + (front.action == Decision::kOffload ? 1 : 0)] = fresh;
+      front.ratio = fresh;
+      if (fresh <= options[1].ratio) break;
+      std::size_t j = 0;
+      while (j + 1 < options.size() && options[j + 1].ratio < fresh) {
+        std::swap(options[j], options[j + 1]);
+        ++j;
+      }
+    }
+    const std::size_t chosen = options[pick].i;
+    d[chosen] = options[pick].action;
+    ratio[2 * chosen] = ratio[2 * chosen + 1] = kUnknown;  // its options changed
     score = model.evaluate(d);
   }
   return true;
 }
 
+// Range maxima over a fixed array in O(1) after O(n log n) preparation.
+class RangeMax {
+ public:
+  explicit RangeMax(const std::vector<std::int64_t>& values) {
+    levels_.push_back(values);
+    for (std::size_t width = 1; 2 * width <= values.size(); width *= 2) {
+      const std::vector<std::int64_t>& last = levels_.back();
+      std::vector<std::int64_t> next(last.size() - width);
+      for (std::size_t p = 0; p < next.size(); ++p) next[p] = std::max(last[p], last[p + width]);
+      levels_.push_back(std::move(next));
+    }
+  }
+  // The largest value in [first, last]; INT64_MIN when empty.
+  std::int64_t max(std::size_t first, std::size_t last) const {
+    if (first > last || first >= levels_[0].size()) return std::numeric_limits<std::int64_t>::min();
+    last = std::min(last, levels_[0].size() - 1);
+    std::size_t level = 0;
+    while ((std::size_t{2} << level) <= last - first + 1) ++level;
+    return std::max(levels_[level][first], levels_[level][last + 1 - (std::size_t{1} << level)]);
+  }
+
+ private:
+  std::vector<std::vector<std::int64_t>> levels_;
+};
+
 void improve(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d) {
-  ModelScore score = model.evaluate(d);
-  for (int pass = 0; pass < 3; ++pass) {
+  std::vector<std::int64_t> live;
+  ModelScore score = model.evaluate(d, &live);
+  std::unique_ptr<RangeMax> range = std::make_unique<RangeMax>(live);
+  for (int pass = 0; pass < 2; ++pass) {
     bool changed = false;
     for (std::size_t i = 0; i < model.size(); ++i) {
       if (d[i] == Decision::kKeep) continue;
       const ModelCandidate& c = model.candidates()[i];
       const Decision was = d[i];
+      const std::vector<std::size_t> before = model.needed_before(d);
+      const auto freed = model.freed_interval(before, i, was);
       for (Decision other : {Decision::kKeep, Decision::kOffload, Decision::kRecompute}) {
         if (other == was || (other == Decision::kOffload && !c.can_offload) ||
             (other == Decision::kRecompute && !c.can_recompute)) {
           continue;
         }
+        // The bytes come back where the new action frees less than the old
+        // one; when that breaks the budget, skip the full evaluation. (A
+        // recompute's readers may move other intervals too: the evaluation
+        // below decides.)
+        const auto now = model.freed_interval(before, i, other);
+        const bool left_fits =
+            range->max(freed.first, std::min(freed.second, now.first == 0 ? 0 : now.first - 1)) <=
+                budget - c.bytes ||
+            now.first <= freed.first;
+        const bool right_fits = range->max(std::max(freed.first, now.second + 1), freed.second) <=
+                                    budget - c.bytes ||
+                                now.second >= freed.second;
+        if (other == Decision::kKeep ? range->max(freed.first, freed.second) > budget - c.bytes
+                                     : !(left_fits && right_fits)) {
+          continue;
+        }
         d[i] = other;
         const ModelScore tried = model.evaluate(d);
         if (tried.peak <= budget && tried.step_ms < score.step_ms - 1e-9) {
-          score = tried;
+          score = model.evaluate(d, &live);
+          range = std::make_unique<RangeMax>(live);
           changed = true;
           break;
         }

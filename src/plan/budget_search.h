@@ -17,7 +17,8 @@ namespace spillway::plan {
 bool greedy(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d);
 
 // Undoes or swaps decisions of `d` while the model's peak still fits `budget`
-// and the step gets faster (at most three passes).
+// and the step gets faster (at most two passes; a change whose returning
+// bytes break the budget is skipped without a full evaluation).
 void improve(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d);
 
 // The most each candidate can take off: recompute where allowed (it frees
