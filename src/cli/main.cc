@@ -156,6 +156,31 @@ std::string write_sim_outputs(const SimArgs& args, const Graph& graph, const Sim
   return written;
 }
 
+// Simulates `graph` and the plan's rewrite of it on `profile`; replayed values
+// are the rewritten graph's recomputation. Only the rewritten graph's timeline
+// is kept, and only when `record_timeline`.
+Forecast forecast_plan(const Graph& graph, const PlanResult& result, const DeviceProfile& profile,
+                       bool record_timeline) {
+  const CostModel cost(profile);
+  Forecast forecast;
+  forecast.device = profile.name;
+  SimOptions original_options;
+  original_options.record_timeline = false;
+  forecast.original = simulate(graph, cost, original_options);
+  SimOptions rewritten_options;
+  rewritten_options.record_timeline = record_timeline;
+  for (const Replay& replay : result.plan.replays) {
+    rewritten_options.recomputed.push_back(replay.replay_node);
+  }
+  forecast.rewritten = simulate(result.graph, cost, rewritten_options);
+  return forecast;
+}
+
+// The graph's name, or its file's when it has none: the pictures' titles.
+std::string display_name(const Graph& graph, const std::string& path) {
+  return graph.name.empty() ? fs::path(path).filename().string() : graph.name;
+}
+
 struct PlanArgs {
   std::string graph_path;
   std::string scope;
@@ -225,6 +250,7 @@ std::string default_scope(const Graph& graph) {
 
 int run_plan(const PlanArgs& args) {
   ActivationPlanOptions options = to_options(args);
+  const DeviceProfile profile = load_profile(args.sim);
   const std::string path = args.graph_path.empty() ? resolve_default_graph() : args.graph_path;
   const Graph graph = load_verified(path);
   std::string scope_note;
@@ -236,23 +262,9 @@ int run_plan(const PlanArgs& args) {
   verify_offload_graph(graph, result.graph);
   if (!args.emit_graph.empty()) save_graph(result.graph, args.emit_graph);
 
-  // The forecast: both graphs simulated on one device; replayed values are
-  // the rewritten graph's recomputation.
-  const DeviceProfile profile = load_profile(args.sim);
-  const CostModel cost(profile);
-  Forecast forecast;
-  forecast.device = profile.name;
-  SimOptions original_options;
-  original_options.record_timeline = false;
-  forecast.original = simulate(graph, cost, original_options);
-  SimOptions rewritten_options;
-  rewritten_options.record_timeline = args.sim.wants_timeline();
-  for (const Replay& replay : result.plan.replays) {
-    rewritten_options.recomputed.push_back(replay.replay_node);
-  }
-  forecast.rewritten = simulate(result.graph, cost, rewritten_options);
+  const Forecast forecast = forecast_plan(graph, result, profile, args.sim.wants_timeline());
   const std::string title =
-      (graph.name.empty() ? fs::path(path).filename().string() : graph.name) +
+      display_name(graph, path) +
       (options.mode == ActivationMode::kNone
            ? std::string(", not planned")
            : ", " + std::to_string(result.plan.offloads.size()) + " values of " +
@@ -286,9 +298,7 @@ int run_simulate(const SimulateArgs& args) {
   SimOptions options;
   options.record_timeline = args.sim.wants_timeline();
   const SimResult result = simulate(graph, CostModel(profile), options);
-  const std::string title =
-      (graph.name.empty() ? fs::path(args.graph_path).filename().string() : graph.name) + " (" +
-      profile.name + ")";
+  const std::string title = display_name(graph, args.graph_path) + " (" + profile.name + ")";
   const std::string written = write_sim_outputs(args.sim, graph, result, title);
   std::cout << "file:               " << args.graph_path << "\n"
             << format_sim_text(graph, result, profile);
