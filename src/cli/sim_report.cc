@@ -1,5 +1,6 @@
 #include "cli/sim_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -10,8 +11,6 @@
 namespace spillway::cli {
 namespace {
 
-constexpr double kBytesPerGib = 1024.0 * 1024.0 * 1024.0;
-
 std::string node_label(const Graph& graph, NodeId id) {
   if (id < 0) return "-";
   for (const Node& node : graph.nodes) {
@@ -20,15 +19,17 @@ std::string node_label(const Graph& graph, NodeId id) {
   return "#" + std::to_string(id);
 }
 
+// "812.30 ms", "0.672 ms": small graphs' steps keep three digits.
 std::string ms_text(double ms) {
   char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.2f ms", ms);
+  std::snprintf(buffer, sizeof(buffer), ms != 0 && std::abs(ms) < 1 ? "%.3f ms" : "%.2f ms", ms);
   return buffer;
 }
 
-// "+17.80 ms (+2.2%)", "-18.80 GiB (-46.8%)": `magnitude` is |after - before|
-// as text; the percentage is left out when `before` is 0.
+// "+17.80 ms (+2.2%)", "-18.80 GiB (-46.8%)", "none": `magnitude` is
+// |after - before| as text; the percentage is left out when `before` is 0.
 std::string change_text(double before, double after, const std::string& magnitude) {
+  if (after == before) return "none";
   std::string text = (after < before ? "-" : "+") + magnitude;
   if (before > 0) {
     char buffer[64];
@@ -49,12 +50,6 @@ std::string peak_place(const Graph& graph, const SimResult& result) {
 
 }  // namespace
 
-std::string gib_text(std::int64_t bytes) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.2f GiB", static_cast<double>(bytes) / kBytesPerGib);
-  return buffer;
-}
-
 std::string format_sim_text(const Graph& graph, const SimResult& result,
                             const DeviceProfile& profile) {
   std::int64_t forward = 0;
@@ -67,7 +62,7 @@ std::string format_sim_text(const Graph& graph, const SimResult& result,
   out << "predicted step:     " << ms_text(result.step_ms) << " (compute busy "
       << ms_text(result.compute_busy_ms) << ", of which recompute "
       << ms_text(result.recompute_ms) << ")\n";
-  out << "peak device memory: " << gib_text(result.peak_bytes) << " (" << result.peak_bytes
+  out << "peak device memory: " << human_bytes(result.peak_bytes) << " (" << result.peak_bytes
       << " bytes) at node " << peak_place(graph, result) << ", " << ms_text(result.peak_time_ms)
       << " into the step\n";
   std::vector<std::string> parts;
@@ -96,25 +91,27 @@ std::string format_forecast_text(const Graph& original, const Graph& rewritten,
   const SimResult& before = forecast.original;
   const SimResult& after = forecast.rewritten;
   constexpr std::size_t kLabel = 20;
-  constexpr std::size_t kColumn = 28;
+  const std::string place_before = peak_place(original, before);
+  // Wide enough for every cell of the original's column (a long peak node name).
+  const std::size_t column = std::max<std::size_t>(20, place_before.size() + 2);
   std::ostringstream out;
   out << "forecast (simulated on " << forecast.device << "):\n";
-  out << "  " << pad("", kLabel) << pad("original", kColumn) << pad("rewritten", kColumn)
+  out << "  " << pad("", kLabel) << pad("original", column) << pad("rewritten", column)
       << "difference\n";
-  out << "  " << pad("step time", kLabel) << pad(ms_text(before.step_ms), kColumn)
-      << pad(ms_text(after.step_ms), kColumn)
+  out << "  " << pad("step time", kLabel) << pad(ms_text(before.step_ms), column)
+      << pad(ms_text(after.step_ms), column)
       << change_text(before.step_ms, after.step_ms,
                      ms_text(std::abs(after.step_ms - before.step_ms)))
       << "\n";
   const std::int64_t peak_change = after.peak_bytes > before.peak_bytes
                                        ? after.peak_bytes - before.peak_bytes
                                        : before.peak_bytes - after.peak_bytes;
-  out << "  " << pad("peak device memory", kLabel) << pad(human_bytes(before.peak_bytes), kColumn)
-      << pad(human_bytes(after.peak_bytes), kColumn)
+  out << "  " << pad("peak device memory", kLabel) << pad(human_bytes(before.peak_bytes), column)
+      << pad(human_bytes(after.peak_bytes), column)
       << change_text(static_cast<double>(before.peak_bytes),
                      static_cast<double>(after.peak_bytes), human_bytes(peak_change))
       << "\n";
-  out << "  " << pad("peak at", kLabel) << pad(peak_place(original, before), kColumn)
+  out << "  " << pad("peak at", kLabel) << pad(place_before, column)
       << peak_place(rewritten, after) << "\n";
   return out.str();
 }

@@ -7,7 +7,6 @@
 // Failure: none beyond std::bad_alloc; a node id missing from the graph
 // renders as "#<id>".
 
-#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -23,11 +22,9 @@ struct Forecast {
   SimResult rewritten;  // the plan's rewritten graph
 };
 
-// "21.40 GiB": bytes in GiB with two decimals, whatever their size.
-std::string gib_text(std::int64_t bytes);
-
 // The summary of one simulated step of `graph` on `profile`: predicted step
-// time and where it goes, the peak (GiB, node, phase, when, by category),
+// time and where it goes, the peak (human_bytes and exact bytes, node, phase,
+// when, by category),
 // bytes moved each way and the compute stream's wait for copies.
 std::string format_sim_text(const Graph& graph, const SimResult& result,
                             const DeviceProfile& profile);

@@ -146,13 +146,9 @@ std::string chrome_trace(const Graph& graph, const SimResult& result) {
   }
   append_memory_samples(events, sim::drawn_end_ms(result), result.timeline.back());
 
-  for (const TimelinePoint& point : result.timeline) {
-    const Node* node = names.find(point.node);
-    if (node && node->phase == Phase::kBackward) {
-      events.push_back(instant_event("backward starts", point.start_ms,
-                                     Json{{"node", names.name(point.node)}}));
-      break;
-    }
+  if (const TimelinePoint* backward = sim::first_backward_point(names, result)) {
+    events.push_back(instant_event("backward starts", backward->start_ms,
+                                   Json{{"node", names.name(backward->node)}}));
   }
   events.push_back(instant_event("peak", result.peak_time_ms,
                                  Json{{"bytes", result.peak_bytes},

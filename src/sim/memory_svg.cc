@@ -38,7 +38,7 @@ constexpr double kPlotRight = 860;
 constexpr double kPlotTop = 84;
 constexpr double kPlotBottom = 536;
 constexpr double kLegendLeft = 884;
-constexpr double kCharWidth = 6.6;  // of the 12 px sans-serif labels, for placement
+constexpr double kBoldCharWidth = 7.6;  // of the 12 px bold peak label, at most, for placement
 
 struct Sample {
   double ms = 0;
@@ -60,6 +60,12 @@ std::string fixed(double value, int decimals) {
 }
 
 std::string px(double value) { return fixed(value, 1); }
+
+// "812.3 ms", "45.6 ms", "4.56 ms", "0.672 ms".
+std::string ms_text(double ms) {
+  const int decimals = ms >= 10 ? 1 : ms >= 1 ? 2 : 3;
+  return fixed(ms, decimals) + " ms";
+}
 
 // Text for element content and attribute values. Characters XML 1.0 forbids
 // (C0 controls other than tab, newline, return) become '?'.
@@ -177,19 +183,34 @@ std::vector<std::size_t> kept_indices(const std::vector<Sample>& samples, std::s
   return kept;
 }
 
-// Maps (ms, bytes) to the plot area.
+// The unit of the vertical axis: GiB, or MiB when the peak is under 1 GiB
+// (a small graph's GiB ticks would read 0.005, 0.010, ...).
+struct ByteUnit {
+  double bytes;
+  std::string_view name;
+};
+
+ByteUnit unit_for(std::int64_t highest) {
+  if (static_cast<double>(highest) >= kBytesPerGib) return {kBytesPerGib, "GiB"};
+  return {1024.0 * 1024.0, "MiB"};
+}
+
+// Maps (ms, bytes) to the plot area, whose top is `top` units.
 class Scale {
  public:
-  Scale(double end_ms, double top_gib) : end_ms_(end_ms), top_gib_(top_gib) {}
+  Scale(double end_ms, ByteUnit unit, double top) : end_ms_(end_ms), unit_(unit), top_(top) {}
   double x(double ms) const { return kPlotLeft + ms / end_ms_ * (kPlotRight - kPlotLeft); }
-  double y_gib(double gib) const {
-    return kPlotBottom - gib / top_gib_ * (kPlotBottom - kPlotTop);
+  double y_units(double value) const {
+    return kPlotBottom - value / top_ * (kPlotBottom - kPlotTop);
   }
-  double y(std::int64_t bytes) const { return y_gib(static_cast<double>(bytes) / kBytesPerGib); }
+  double y(std::int64_t bytes) const { return y_units(static_cast<double>(bytes) / unit_.bytes); }
+  const ByteUnit& unit() const { return unit_; }
+  double top() const { return top_; }
 
  private:
   double end_ms_;
-  double top_gib_;
+  ByteUnit unit_;
+  double top_;
 };
 
 // One category's band between the categories stacked below it and itself,
@@ -238,26 +259,26 @@ void append_line(std::string& svg, double x1, double y1, double x2, double y2,
 }
 
 // Horizontal grid lines at the GiB ticks, drawn under the bands.
-void append_grid(std::string& svg, double top_gib, const Scale& scale) {
+void append_grid(std::string& svg, const Scale& scale) {
   svg += "<g class=\"grid\" stroke=\"#e4e4e4\">\n";
-  const double gib_step = nice_step(top_gib, 6);
-  for (int i = 1; i * gib_step <= top_gib * (1 + 1e-9); ++i) {
-    const double y = scale.y_gib(i * gib_step);
+  const double step = nice_step(scale.top(), 6);
+  for (int i = 1; i * step <= scale.top() * (1 + 1e-9); ++i) {
+    const double y = scale.y_units(i * step);
     append_line(svg, kPlotLeft, y, kPlotRight, y, "stroke-width=\"1\"");
   }
   svg += "</g>\n";
 }
 
-void append_axes(std::string& svg, double end_ms, double top_gib, const Scale& scale) {
+void append_axes(std::string& svg, double end_ms, const Scale& scale) {
   svg += "<g class=\"axes\" font-size=\"12\" fill=\"#333\">\n";
-  const double gib_step = nice_step(top_gib, 6);
-  const int gib_decimals = decimals_for(gib_step);
+  const double step = nice_step(scale.top(), 6);
+  const int decimals = decimals_for(step);
   for (int i = 0;; ++i) {
-    const double gib = i * gib_step;
-    if (gib > top_gib * (1 + 1e-9)) break;
-    const double y = scale.y_gib(gib);
+    const double value = i * step;
+    if (value > scale.top() * (1 + 1e-9)) break;
+    const double y = scale.y_units(value);
     append_line(svg, kPlotLeft - 5, y, kPlotLeft, y, "stroke=\"#333\"");
-    append_text(svg, kPlotLeft - 8, y + 4, fixed(gib, gib_decimals), "text-anchor=\"end\"");
+    append_text(svg, kPlotLeft - 8, y + 4, fixed(value, decimals), "text-anchor=\"end\"");
   }
   const double ms_step = nice_step(end_ms, 8);
   const int ms_decimals = decimals_for(ms_step);
@@ -273,28 +294,28 @@ void append_axes(std::string& svg, double end_ms, double top_gib, const Scale& s
   append_text(svg, (kPlotLeft + kPlotRight) / 2, kPlotBottom + 42, "time (ms)",
               "text-anchor=\"middle\" font-size=\"13\"");
   const double mid_y = (kPlotTop + kPlotBottom) / 2;
-  append_text(svg, 24, mid_y, "live device memory (GiB)",
+  append_text(svg, 24, mid_y, "live device memory (" + std::string(scale.unit().name) + ")",
               "text-anchor=\"middle\" font-size=\"13\" transform=\"rotate(-90 24 " + px(mid_y) +
                   ")\"");
   svg += "</g>\n";
 }
 
 // The dashed line at the first backward node's start, with "forward" and
-// "backward" written either side of it above the plot.
+// "backward" written either side of it above the plot where they fit.
 void append_phase_boundary(std::string& svg, const sim::NodeNames& names,
                            const SimResult& result, const Scale& scale) {
-  for (const TimelinePoint& point : result.timeline) {
-    const Node* node = names.find(point.node);
-    if (node == nullptr || node->phase != Phase::kBackward) continue;
-    const double x = scale.x(point.start_ms);
-    svg += "<g class=\"phase-boundary\" font-size=\"12\" fill=\"#444\">\n";
-    append_line(svg, x, kPlotTop - 12, x, kPlotBottom,
-                "stroke=\"#444\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"");
+  const TimelinePoint* backward = sim::first_backward_point(names, result);
+  if (backward == nullptr) return;
+  constexpr double kWordWidth = 80;  // "<- forward", "backward ->" and a gap
+  const double x = scale.x(backward->start_ms);
+  svg += "<g class=\"phase-boundary\" font-size=\"12\" fill=\"#444\">\n";
+  append_line(svg, x, kPlotTop - 12, x, kPlotBottom,
+              "stroke=\"#444\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"");
+  if (x - kWordWidth >= kPlotLeft - 20) {
     append_text(svg, x - 6, kPlotTop - 4, "\u2190 forward", "text-anchor=\"end\"");
-    append_text(svg, x + 6, kPlotTop - 4, "backward \u2192");
-    svg += "</g>\n";
-    return;
   }
+  if (x + kWordWidth <= kPlotRight + 20) append_text(svg, x + 6, kPlotTop - 4, "backward \u2192");
+  svg += "</g>\n";
 }
 
 void append_peak(std::string& svg, const sim::NodeNames& names, const SimResult& result,
@@ -304,9 +325,11 @@ void append_peak(std::string& svg, const sim::NodeNames& names, const SimResult&
                             std::string(to_string(result.peak_phase));
   const double x = scale.x(peak.ms);
   const double y = scale.y(peak.total);
-  const double width = kCharWidth * static_cast<double>(label.size());
-  const bool fits_right = x + 9 + width <= kWidth - 4;
-  const double label_x = fits_right ? x + 9 : std::max(x - 9, width + 4);
+  // Beside the dot, inside the plot: right of it when there is room, else
+  // left of it, else against the plot's right edge.
+  const double width = kBoldCharWidth * static_cast<double>(label.size());
+  const bool fits_right = x + 9 + width <= kPlotRight;
+  const double label_x = fits_right ? x + 9 : x - 9 - width >= kPlotLeft ? x - 9 : kPlotRight;
   svg += "<g class=\"peak\">\n";
   svg += "<circle cx=\"" + px(x) + "\" cy=\"" + px(y) +
          "\" r=\"4\" fill=\"#d62728\" stroke=\"white\" stroke-width=\"1\"/>\n";
@@ -365,12 +388,12 @@ std::string memory_svg(const Graph& graph, const SimResult& result, std::string_
   const double end_ms = std::max(sim::drawn_end_ms(result), 1e-3);
   std::int64_t highest = result.peak_bytes;
   for (const Sample& sample : samples) highest = std::max(highest, sample.total);
-  const double highest_gib = static_cast<double>(highest) / kBytesPerGib;
+  const ByteUnit unit = unit_for(highest);
   // Headroom above the peak for its label, then up to a whole tick.
-  double top_gib = highest_gib > 0 ? highest_gib * 1.12 : 1.0;
-  const double gib_step = nice_step(top_gib, 6);
-  top_gib = std::ceil(top_gib / gib_step - 1e-9) * gib_step;
-  const Scale scale(end_ms, top_gib);
+  double top = highest > 0 ? static_cast<double>(highest) / unit.bytes * 1.12 : 1.0;
+  const double step = nice_step(top, 6);
+  top = std::ceil(top / step - 1e-9) * step;
+  const Scale scale(end_ms, unit, top);
 
   std::string svg;
   svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + px(kWidth) + "\" height=\"" +
@@ -382,12 +405,12 @@ std::string memory_svg(const Graph& graph, const SimResult& result, std::string_
   append_text(svg, kWidth / 2, 30, title,
               "text-anchor=\"middle\" font-size=\"18\" font-weight=\"bold\" fill=\"#111\"");
   append_text(svg, kWidth / 2, 52,
-              "predicted step " + fixed(result.step_ms, 1) + " ms, peak " +
+              "predicted step " + ms_text(result.step_ms) + ", peak " +
                   short_bytes(result.peak_bytes) + ", " + std::to_string(result.timeline.size()) +
-                  " nodes" + (graph.name.empty() ? "" : " of " + graph.name),
+                  " nodes",
               "text-anchor=\"middle\" font-size=\"12\" fill=\"#666\"");
 
-  append_grid(svg, top_gib, scale);
+  append_grid(svg, scale);
   svg += "<g class=\"bands\" stroke=\"none\">\n";
   for (const sim::CategoryStyle& style : sim::kCategoryStyles) {
     const int category = static_cast<int>(style.category);
@@ -403,7 +426,7 @@ std::string memory_svg(const Graph& graph, const SimResult& result, std::string_
          "stroke-opacity=\"0.6\" d=\"" +
          outline_path(samples, end_ms, scale) + "\"/>\n";
 
-  append_axes(svg, end_ms, top_gib, scale);
+  append_axes(svg, end_ms, scale);
   const sim::NodeNames names(graph);
   append_phase_boundary(svg, names, result, scale);
   append_peak(svg, names, result, samples[peak_sample], scale);

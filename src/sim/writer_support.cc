@@ -28,6 +28,17 @@ void require_timeline(const SimResult& result, std::string_view writer) {
                                    "result has no timeline; set SimOptions::record_timeline)");
 }
 
+const TimelinePoint* first_backward_point(const NodeNames& names, const SimResult& result) {
+  for (const TimelinePoint& point : result.timeline) {
+    const Node* node = names.find(point.node);
+    if (node != nullptr && node->phase == Phase::kBackward &&
+        node->kind != NodeKind::kPlaceholder && node->kind != NodeKind::kGetAttr) {
+      return &point;
+    }
+  }
+  return nullptr;
+}
+
 double drawn_end_ms(const SimResult& result) {
   double end = result.step_ms;
   for (const TimelinePoint& point : result.timeline) end = std::max(end, point.end_ms);

@@ -50,6 +50,12 @@ class NodeNames {
 // record_timeline ...") when `result` has no timeline.
 void require_timeline(const SimResult& result, std::string_view writer);
 
+// The timeline point where backward starts: the first one whose node is a
+// backward node that computes (a backward placeholder, such as the tangents
+// that exported graphs list among the forward's inputs, does not count), or
+// nullptr when there is none.
+const TimelinePoint* first_backward_point(const NodeNames& names, const SimResult& result);
+
 // The end of the step as the writers draw it: the latest of step_ms and every
 // point's and interval's end.
 double drawn_end_ms(const SimResult& result);

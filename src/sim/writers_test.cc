@@ -372,6 +372,29 @@ TEST(MemorySvg, DownsamplingALongTimelineKeepsThePeak) {
   EXPECT_NEAR(attribute(circle, "cx"), 84 + 1234.5 / 2001.1 * 776, 0.06);
 }
 
+// Exported graphs list the tangents among the first placeholders, in phase
+// backward: backward starts at the first backward node that computes.
+TEST(Writers, BackwardStartsAtTheFirstBackwardNodeThatComputes) {
+  Graph graph = small_graph();
+  graph.nodes[0].phase = Phase::kBackward;  // x plays tangents_1
+  const SimResult result = small_result();
+  const Json trace = ir::parse_json(chrome_trace(graph, result));
+  std::vector<Json> starts;
+  for (const Json& event : events_with_phase(trace, "i")) {
+    if (event.at("name") == "backward starts") starts.push_back(event);
+  }
+  ASSERT_EQ(starts.size(), 1u);
+  EXPECT_EQ(starts[0].at("ts").get<double>(), 3250.0);
+  EXPECT_EQ(starts[0].at("args").at("node"), "grad_relu");
+
+  const std::string svg = memory_svg(graph, result, "t");
+  const std::size_t group = svg.find("<g class=\"phase-boundary\"");
+  ASSERT_NE(group, std::string::npos);
+  const std::string line = svg.substr(svg.find("<line", group), 200);
+  // grad_relu starts at 3.25 ms of 8.5: x = 84 + 3.25 / 8.5 * 776.
+  EXPECT_NEAR(attribute(line, "x1"), 84 + 3.25 / 8.5 * 776, 0.06);
+}
+
 TEST(MemorySvg, AShortTimelineIsDrawnWhole) {
   EXPECT_EQ(sim::memory_svg_sample_count(small_result()), small_result().timeline.size());
 }
