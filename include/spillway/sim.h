@@ -24,19 +24,44 @@
 //   (4) A spillway.wait_tensor node makes the compute stream wait until the
 //       copy of its first argument has completed; it takes no compute time.
 //   (5) A copy running while the other direction's stream is busy moves at the
-//       profile's duplex rate for the overlapping part.
+//       profile's duplex rate for the overlapping part. Copies are scheduled
+//       in graph order and a copy looks only at the other direction's copies
+//       already scheduled: an earlier copy is not slowed down again by a
+//       later one that overlaps its tail (an approximation; both directions
+//       are rarely busy for long in a step).
 //   (6) Device bytes: every tensor value owns its storage; values that share a
-//       storage id share one allocation (a view allocates nothing) sized by
-//       the largest value in it. A storage is allocated when its first value
-//       is produced (before the producing node runs, as torch allocates an
-//       output before the kernel writes it) and freed after the last node that
-//       reads any value in it; a storage that a graph output reads lives to the
-//       end of the step. Placeholders are allocated before the step starts.
-//       Each allocation is rounded as the caching allocator rounds it
-//       (round_allocation). Storages of offload results, and of forward waits
-//       and reloads' host arguments, are host memory.
+//       storage id share one allocation (a view allocates nothing), and each
+//       element of a tuple/list value is a tensor value of its own. A storage
+//       is sized by the furthest byte any value in it reaches from the
+//       storage's start (1 + sum of (size - 1) * stride elements when the
+//       strides are known, numel otherwise, times the element size; hints
+//       only, an unbacked size counts 0): an expanded view reaches no further
+//       than its base. A tensor value without a storage id is an allocation
+//       of its own. A storage is allocated when its first value is produced
+//       (before the producing node runs, as torch allocates an output before
+//       the kernel writes it) and freed after the last node that produces or
+//       reads any value in it (a node that reads a tuple/list reads every
+//       element); a storage that the graph's output node reads lives to the
+//       end of the step. Storages of placeholders and get_attr nodes
+//       (weights, buffers, inputs, tangents: the caller owns them) are
+//       allocated before the step starts and live through it. Each allocation
+//       is rounded as the caching allocator rounds it (round_allocation).
+//       Storages of offload results, and so of forward waits and reloads'
+//       host arguments, which share them, are host memory (counted unrounded
+//       in host_peak_bytes); every other storage is device memory whatever
+//       its TensorInfo::device says (graphs traced on cpu simulate as if on
+//       the device).
 //   (7) A node's live bytes are counted while it runs: everything allocated
 //       before it, plus its outputs, before anything it frees.
+//   (8) Memory categories (MemoryCategory): placeholders' and get_attr
+//       storages are kInputs; reload results (and the backward waits and
+//       views sharing them) kReloads; storages first produced by a
+//       SimOptions::recomputed node kRecomputed; forward storages that a
+//       backward node reads (through any value sharing the storage)
+//       kActivations; everything else kTemporaries. An offloaded storage is
+//       kInFlight from its offload node until its forward wait, where it is
+//       freed unless something later reads it (then it takes its own category
+//       again).
 //
 // Thread-safety: every function here is pure; a CostModel is immutable after
 // construction and may be shared between threads.
@@ -58,8 +83,10 @@ namespace spillway {
 // points, constant beyond the ends.
 struct LinkCurve {
   std::vector<std::pair<std::int64_t, double>> points;
-  // GB/s for a transfer of `bytes` (> 0). Throws InvalidArgument when empty.
+  // GB/s (1 GB = 1e9 bytes) for a transfer of `bytes` (> 0; bytes <= 0 is
+  // read as the first point). Throws InvalidArgument when empty.
   double gbs(std::int64_t bytes) const;
+  friend bool operator==(const LinkCurve&, const LinkCurve&) = default;
 };
 
 // What one device can do, measured (bench/gpu, `spillway calibrate`) or taken
@@ -80,16 +107,22 @@ struct DeviceProfile {
   LinkCurve h2d_duplex;            // H2D while a D2H runs (per direction)
   // The caching allocator's rounding (round_allocation).
   std::int64_t allocation_granularity = 512;
+  friend bool operator==(const DeviceProfile&, const DeviceProfile&) = default;
 };
 
-// Parse / read / write the device-profile JSON. Parsing throws InvalidArgument
-// naming the field on malformed input; reading throws Error("[sim] ...") when
-// the file cannot be read.
+// Parse / read / write the device-profile JSON. Parsing throws
+// InvalidArgument("[sim] device profile: field 'd2h[1].gbs': ...") naming the
+// field on malformed input (syntax, a missing or unknown field, a wrong type,
+// a non-positive number, curve points not sorted by bytes); reading throws
+// Error("[sim] ...") when the file cannot be read.
+// parse_device_profile(write_device_profile(p)) == p for every valid p.
 DeviceProfile parse_device_profile(std::string_view json_text);
 DeviceProfile load_device_profile(const std::string& path);
 std::string write_device_profile(const DeviceProfile& profile);
-// The profile shipped with the project for one NVIDIA H200 (PCIe Gen5 x16),
-// from bench/results (the runtime's own link benchmark).
+// The profile shipped with the project for one NVIDIA H200 (PCIe Gen5 x16):
+// src/sim/profiles/nvidia-h200.json, compiled into the library. The link
+// curves are measured (bench/results, the runtime's own link benchmark); the
+// roofline numbers are the data sheet's.
 const DeviceProfile& h200_profile();
 
 // Bytes the caching allocator hands out for a request of `bytes`: rounded up
@@ -102,13 +135,24 @@ class CostModel {
   explicit CostModel(DeviceProfile profile);
 
   // Milliseconds the node occupies the compute stream: its time_ms when the
-  // graph carries one, otherwise the roofline estimate (estimate_ms). Views,
-  // getitem, placeholders, outputs and spillway.* nodes take 0.
+  // graph carries one, otherwise the roofline estimate (estimate_ms). Views
+  // (OpSchema::is_view, or a non-mutating op whose result shares an input's
+  // storage such as _unsafe_view), getitem, placeholders, get_attr, outputs,
+  // spillway.* nodes and nodes that read and produce no tensor take 0.
+  // `node` must be an element of graph.nodes. Inputs are found by id: O(1)
+  // when ids equal positions (exported graphs), O(nodes) otherwise;
+  // simulate() resolves them once per graph instead.
   double node_ms(const Graph& graph, const Node& node) const;
-  // The roofline estimate alone, ignoring time_ms.
+  // The roofline estimate alone, ignoring time_ms: max(flops / peak, bytes /
+  // memory_gbs) + launch_us, where bytes sums the hinted bytes of every
+  // tensor the node reads (one per reference) and produces, and the peak is
+  // the bf16 one when the matmul's operand has elements of at most 2 bytes.
   double estimate_ms(const Graph& graph, const Node& node) const;
-  // FLOPs the node performs (matmul family, attention, convolution; 0 for
-  // others), from size hints.
+  // FLOPs the node performs, from size hints: 2*M*N*K for mm, addmm, bmm,
+  // baddbmm, matmul, linear (linear_backward 2x that); attention
+  // (*scaled_dot_product*attention*) 2*B*H*Lq*Lk*(D + Dv), halved when
+  // is_causal, 2.5x for its _backward; convolution 2 * output numel * (weight
+  // numel / weight.size(0)), convolution_backward 2x; 0 for others.
   double flops(const Graph& graph, const Node& node) const;
   // Milliseconds a copy of `bytes` takes alone / while the other direction
   // runs.
@@ -171,7 +215,7 @@ struct SimResult {
   double peak_time_ms = 0;
   std::array<std::int64_t, kMemoryCategoryCount> peak_by_category{};
   double compute_busy_ms = 0;  // sum of node times
-  double compute_wait_ms = 0;  // compute stream idle waiting for copies
+  double compute_wait_ms = 0;  // compute stream idle at wait_tensor nodes
   double recompute_ms = 0;     // time of SimOptions::recomputed nodes
   double d2h_busy_ms = 0;
   double h2d_busy_ms = 0;
@@ -184,9 +228,14 @@ struct SimResult {
   std::vector<StreamInterval> intervals;
 };
 
-// Simulate one step of `graph` (execution model above). Throws InvalidGraph
-// when the graph breaks verify_graph or a spillway node's arguments do not
-// chain (a wait on something that is not a copy).
+// Simulate one step of `graph` (execution model above). Runs in O(nodes +
+// edges) and does not run verify_graph (planners call it thousands of times
+// on graphs already verified). Throws InvalidGraph("[sim] node 12 (name):
+// ...") naming the node when a node refers to an unknown or later node, two
+// nodes share an id, or a spillway node's arguments do not chain (an offload
+// of no tensor, a reload whose first argument is not an offload's wait, a
+// wait on something that is not a copy); InvalidArgument when
+// SimOptions::recomputed names a node the graph does not have.
 SimResult simulate(const Graph& graph, const CostModel& cost, const SimOptions& options = {});
 
 // Chrome trace JSON (Perfetto-readable): one track per stream with a slice per

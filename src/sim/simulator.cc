@@ -1,0 +1,633 @@
+// simulate(): one training step of a graph on three streams (compute, D2H,
+// H2D) with the device bytes live at every node, following the execution
+// model numbered in include/spillway/sim.h.
+//
+// Note [Simulation in three passes]
+// A planner calls simulate() thousands of times, so everything here is
+// O(nodes + edges) with flat vectors indexed by node position or storage slot
+// and no ordered maps:
+//   1. layout: one walk in graph order resolves every input to a position
+//      (NodeLookup, built once), maps each tensor's storage id to a dense slot
+//      (sized by the furthest byte a value reaches), records each slot's first
+//      producer and last reader, checks and links the spillway chains
+//      (offload -> forward wait -> reload -> backward wait) and computes each
+//      node's compute time;
+//   2. categories: each slot's MemoryCategory, and the slots freed after each
+//      node (a counting sort by last reader);
+//   3. replay: one more walk in graph order advances the three streams and the
+//      live bytes (allocations before a node, frees after it) and keeps the
+//      peak, the totals and, with record_timeline, the per-node points.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "sim/node_cost.h"
+#include "sim/node_lookup.h"
+#include "sim/tensor_bytes.h"
+#include "spillway/error.h"
+#include "spillway/plan.h"
+#include "spillway/sim.h"
+
+namespace spillway {
+
+std::string_view to_string(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::kInputs:
+      return "inputs";
+    case MemoryCategory::kActivations:
+      return "activations";
+    case MemoryCategory::kTemporaries:
+      return "temporaries";
+    case MemoryCategory::kInFlight:
+      return "in_flight";
+    case MemoryCategory::kReloads:
+      return "reloads";
+    case MemoryCategory::kRecomputed:
+      return "recomputed";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(Stream stream) {
+  switch (stream) {
+    case Stream::kCompute:
+      return "compute";
+    case Stream::kD2H:
+      return "d2h";
+    case Stream::kH2D:
+      return "h2d";
+  }
+  return "unknown";
+}
+
+namespace {
+
+using sim::NodeLookup;
+
+enum class Role : std::uint8_t { kCompute, kOffload, kReload, kWait };
+
+constexpr int kInputs = static_cast<int>(MemoryCategory::kInputs);
+constexpr int kActivations = static_cast<int>(MemoryCategory::kActivations);
+constexpr int kTemporaries = static_cast<int>(MemoryCategory::kTemporaries);
+constexpr int kInFlight = static_cast<int>(MemoryCategory::kInFlight);
+constexpr int kReloads = static_cast<int>(MemoryCategory::kReloads);
+constexpr int kRecomputed = static_cast<int>(MemoryCategory::kRecomputed);
+
+// One allocation: the storage shared by every value with its storage id.
+struct Slot {
+  std::int64_t bytes = 0;    // furthest byte any value reaches (unrounded)
+  std::int64_t rounded = 0;  // round_allocation(bytes)
+  std::int32_t first = 0;    // position of the first producer
+  std::int32_t last = 0;     // position of the last producer or reader
+  bool host = false;         // an offload result: pinned host memory
+  bool whole_step = false;   // a placeholder's: allocated before the step, never freed
+  bool to_end = false;       // read by the output node: never freed
+  bool backward_read = false;
+  std::uint8_t category = kTemporaries;
+};
+
+// Storage id -> slot index: a flat table for the small dense ids graphs use,
+// a hash map beyond.
+class SlotTable {
+ public:
+  explicit SlotTable(std::size_t nodes) : limit_(4 * nodes + 1024) {}
+
+  // The slot of `storage`, or -1.
+  std::int32_t find(std::int64_t storage) const {
+    if (static_cast<std::uint64_t>(storage) < limit_) {
+      const auto at = static_cast<std::size_t>(storage);
+      return at < flat_.size() ? flat_[at] : -1;
+    }
+    auto it = sparse_.find(storage);
+    return it == sparse_.end() ? -1 : it->second;
+  }
+
+  void set(std::int64_t storage, std::int32_t slot) {
+    if (static_cast<std::uint64_t>(storage) < limit_) {
+      const auto at = static_cast<std::size_t>(storage);
+      if (at >= flat_.size()) flat_.resize(std::max(at + 1, 2 * flat_.size()), -1);
+      flat_[at] = slot;
+    } else {
+      sparse_[storage] = slot;
+    }
+  }
+
+ private:
+  std::size_t limit_;
+  std::vector<std::int32_t> flat_;
+  std::unordered_map<std::int64_t, std::int32_t> sparse_;
+};
+
+// Graph::schema_of with one cheap hash per node. Looking targets up was a
+// quarter of the simulation's time both with the ordered map (string compares)
+// and with std::hash (murmur over every byte); targets differ in their length
+// and in the few bytes after the namespace and at the end ("aten.mm.default",
+// "aten.add.Tensor"), which is all this hash reads. Collisions only cost an
+// equality compare.
+struct TargetHash {
+  std::size_t operator()(std::string_view target) const noexcept {
+    const std::size_t n = target.size();
+    std::uint64_t head = 0;
+    std::uint64_t tail = 0;
+    if (n >= 13) {
+      std::memcpy(&head, target.data() + 5, 8);  // past "aten." and the like
+      std::memcpy(&tail, target.data() + n - 8, 8);
+    } else {
+      std::memcpy(&head, target.data(), std::min<std::size_t>(n, 8));
+      if (n > 8) std::memcpy(&tail, target.data() + 8, n - 8);
+    }
+    std::uint64_t h = (head * 0x9E3779B97F4A7C15ull) ^ (tail + n) * 0xC2B2AE3D27D4EB4Full;
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+};
+
+class SchemaTable {
+ public:
+  explicit SchemaTable(const Graph& graph) {
+    by_target_.reserve(2 * graph.ops.size());
+    for (const auto& [target, schema] : graph.ops) by_target_.emplace(target, &schema);
+  }
+
+  const OpSchema* of(const Node& node) const {
+    if (node.kind != NodeKind::kCallFunction) return nullptr;
+    auto it = by_target_.find(node.target);
+    return it == by_target_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::unordered_map<std::string_view, const OpSchema*, TargetHash> by_target_;
+};
+
+std::string label(const Node& node) {
+  return "node " + std::to_string(node.id) + " (" + node.name + ")";
+}
+
+[[noreturn]] void fail(const Node& node, const std::string& detail) {
+  throw InvalidGraph("sim", label(node) + ": " + detail);
+}
+
+Role role_of(const Node& node) {
+  if (node.kind != NodeKind::kCallFunction) return Role::kCompute;
+  if (node.target == kOffloadTarget) return Role::kOffload;
+  if (node.target == kReloadTarget) return Role::kReload;
+  if (node.target == kWaitTarget) return Role::kWait;
+  return Role::kCompute;
+}
+
+// The node id of args[0] when it is a node reference, else -1.
+NodeId first_arg_node(const Node& node) {
+  if (node.args.empty() || node.args[0].kind != Arg::Kind::kNode) return -1;
+  return node.args[0].node;
+}
+
+// One copy stream: when it is free and the intervals it has been busy, in
+// order (the other direction reads them for the duplex rate).
+struct CopyStream {
+  double free_ms = 0;
+  double busy_ms = 0;
+  std::vector<std::pair<double, double>> busy;
+  std::size_t cursor = 0;  // first interval that may end after the other direction's next start
+};
+
+// When a copy of `bytes` starting at `start` ends, moving at `alone` bytes/ms
+// while `other` is idle and at `duplex` bytes/ms during its busy intervals
+// (execution model (5)). Starts on one stream never decrease, so `other`'s
+// cursor only moves forward.
+double copy_end(double start, double bytes, double alone, double duplex, CopyStream& other) {
+  while (other.cursor < other.busy.size() && other.busy[other.cursor].second <= start) {
+    ++other.cursor;
+  }
+  double t = start;
+  double remaining = bytes;
+  for (std::size_t i = other.cursor; remaining > 0; ++i) {
+    if (i == other.busy.size()) return t + remaining / alone;
+    const auto [busy_start, busy_end] = other.busy[i];
+    if (t < busy_start) {
+      const double can_move = (busy_start - t) * alone;
+      if (remaining <= can_move) return t + remaining / alone;
+      remaining -= can_move;
+      t = busy_start;
+    }
+    const double can_move = (busy_end - t) * duplex;
+    if (remaining <= can_move) return t + remaining / duplex;
+    remaining -= can_move;
+    t = busy_end;
+  }
+  return t;
+}
+
+class Simulation {
+ public:
+  Simulation(const Graph& graph, const CostModel& cost, const SimOptions& options)
+      : graph_(graph),
+        cost_(cost),
+        options_(options),
+        lookup_(graph, NodeLookup::Mode::kTable),
+        schemas_(graph),
+        n_(graph.nodes.size()),
+        slot_table_(graph.nodes.size()) {}
+
+  SimResult run() {
+    lay_out();
+    assign_categories();
+    return replay();
+  }
+
+ private:
+  // ---- pass 1 ----------------------------------------------------------------
+
+  std::int32_t slot_for(const TensorInfo& tensor, std::int32_t pos) {
+    std::int32_t s = tensor.storage ? slot_table_.find(*tensor.storage) : -1;
+    if (s < 0) {
+      s = static_cast<std::int32_t>(slots_.size());
+      Slot slot;
+      slot.first = pos;
+      slot.last = pos;
+      slots_.push_back(slot);
+      slot_forward_.push_back(graph_.nodes[static_cast<std::size_t>(pos)].phase == Phase::kForward);
+      if (tensor.storage) slot_table_.set(*tensor.storage, s);
+    }
+    return s;
+  }
+
+  // Records the slots of the node's tensors from out_slots_[begin] on;
+  // returns the value's bytes (value_nbytes).
+  std::int64_t add_outputs(const Value& value, std::int32_t pos, std::size_t begin) {
+    if (value.is_tensor()) {
+      const sim::TensorBytes bytes = sim::tensor_bytes(value.tensor);
+      const std::int32_t s = slot_for(value.tensor, pos);
+      Slot& slot = slots_[static_cast<std::size_t>(s)];
+      slot.bytes = std::max(slot.bytes, bytes.extent);
+      slot.last = std::max(slot.last, pos);
+      for (std::size_t i = begin; i < out_slots_.size(); ++i) {
+        if (out_slots_[i] == s) return bytes.nbytes;  // two elements on one storage (split)
+      }
+      out_slots_.push_back(s);
+      return bytes.nbytes;
+    }
+    std::int64_t total = 0;
+    for (const Value& element : value.elements) {
+      total = sim::add_bytes(total, add_outputs(element, pos, begin));
+    }
+    return total;
+  }
+
+  std::int32_t position_of_input(const Node& node, NodeId id, std::int32_t pos) const {
+    const std::int64_t at = lookup_.position(id);
+    if (at < 0) fail(node, "reads node " + std::to_string(id) + ", which the graph does not have");
+    if (at >= pos) {
+      fail(node, "reads node " + std::to_string(id) + ", which does not come before it");
+    }
+    return static_cast<std::int32_t>(at);
+  }
+
+  void lay_out() {
+    role_.resize(n_);
+    duration_.assign(n_, 0.0);
+    out_begin_.assign(n_ + 1, 0);
+    linked_.assign(n_, -1);
+    in_flight_slot_.assign(n_, -1);
+    copy_bytes_.assign(n_, 0);
+    slots_.reserve(n_);
+    slot_forward_.reserve(n_);
+    out_slots_.reserve(n_ + n_ / 4);
+    const DeviceProfile& profile = cost_.profile();
+
+    for (std::size_t at = 0; at < n_; ++at) {
+      const Node& node = graph_.nodes[at];
+      const auto pos = static_cast<std::int32_t>(at);
+      const Role role = role_of(node);
+      role_[at] = role;
+      const bool backward = node.phase == Phase::kBackward;
+      const bool is_output = node.kind == NodeKind::kOutput;
+
+      node.for_each_input([&](NodeId id) {
+        const std::int32_t from = position_of_input(node, id, pos);
+        const auto from_at = static_cast<std::size_t>(from);
+        for (std::int32_t i = out_begin_[from_at]; i < out_begin_[from_at + 1]; ++i) {
+          Slot& slot = slots_[static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)])];
+          slot.last = pos;
+          slot.to_end = slot.to_end || is_output;
+          slot.backward_read = slot.backward_read || backward;
+        }
+      });
+
+      const std::size_t begin = out_slots_.size();
+      lookup_.set_value_bytes(at, add_outputs(node.value, pos, begin));
+      out_begin_[at + 1] = static_cast<std::int32_t>(out_slots_.size());
+      if (node.kind == NodeKind::kPlaceholder || node.kind == NodeKind::kGetAttr) {
+        for (std::size_t i = begin; i < out_slots_.size(); ++i) {
+          slots_[static_cast<std::size_t>(out_slots_[i])].whole_step = true;
+        }
+      }
+
+      switch (role) {
+        case Role::kCompute:
+          duration_[at] = sim::node_ms(profile, node, schemas_.of(node), lookup_);
+          break;
+        case Role::kOffload:
+          link_offload(node, pos, begin);
+          break;
+        case Role::kReload:
+          link_reload(node, pos);
+          break;
+        case Role::kWait:
+          link_wait(node, pos);
+          break;
+      }
+    }
+  }
+
+  // An offload copies its input (a tensor) to host memory: its result's
+  // storage is host memory, and the input's storage is in flight.
+  void link_offload(const Node& node, std::int32_t pos, std::size_t begin) {
+    const NodeId input_id = first_arg_node(node);
+    if (input_id < 0) fail(node, "offload's first argument is not a node");
+    const std::int32_t input = position_of_input(node, input_id, pos);
+    const Node& moved = graph_.nodes[static_cast<std::size_t>(input)];
+    if (!moved.value.is_tensor()) {
+      fail(node, "offloads " + label(moved) + ", which is not a tensor");
+    }
+    const auto input_at = static_cast<std::size_t>(input);
+    if (out_begin_[input_at + 1] > out_begin_[input_at]) {
+      in_flight_slot_[static_cast<std::size_t>(pos)] =
+          out_slots_[static_cast<std::size_t>(out_begin_[input_at])];
+    }
+    for (std::size_t i = begin; i < out_slots_.size(); ++i) {
+      slots_[static_cast<std::size_t>(out_slots_[i])].host = true;
+    }
+    copy_bytes_[static_cast<std::size_t>(pos)] =
+        sim::hinted_nbytes(node.value.is_tensor() ? node.value.tensor : moved.value.tensor);
+  }
+
+  // A reload's first argument is the forward wait of an offload; linked_
+  // keeps the offload, whose D2H the H2D waits for.
+  void link_reload(const Node& node, std::int32_t pos) {
+    const NodeId wait_id = first_arg_node(node);
+    if (wait_id < 0) fail(node, "reload's first argument is not a node");
+    const std::int32_t wait = position_of_input(node, wait_id, pos);
+    const std::int32_t offload = linked_[static_cast<std::size_t>(wait)];
+    if (role_[static_cast<std::size_t>(wait)] != Role::kWait || offload < 0 ||
+        role_[static_cast<std::size_t>(offload)] != Role::kOffload) {
+      fail(node, "reload's first argument " + label(graph_.nodes[static_cast<std::size_t>(wait)]) +
+                     " is not the wait of an offload");
+    }
+    linked_[static_cast<std::size_t>(pos)] = offload;
+    copy_bytes_[static_cast<std::size_t>(pos)] =
+        node.value.is_tensor() ? sim::hinted_nbytes(node.value.tensor)
+                               : copy_bytes_[static_cast<std::size_t>(offload)];
+  }
+
+  // A wait's first argument is an offload or a reload; linked_ keeps it.
+  void link_wait(const Node& node, std::int32_t pos) {
+    const NodeId copy_id = first_arg_node(node);
+    if (copy_id < 0) fail(node, "wait_tensor's first argument is not a node");
+    const std::int32_t copy = position_of_input(node, copy_id, pos);
+    const Role copy_role = role_[static_cast<std::size_t>(copy)];
+    if (copy_role != Role::kOffload && copy_role != Role::kReload) {
+      fail(node, "wait_tensor waits on " + label(graph_.nodes[static_cast<std::size_t>(copy)]) +
+                     ", which is not an offload or a reload");
+    }
+    linked_[static_cast<std::size_t>(pos)] = copy;
+  }
+
+  // ---- pass 2 ----------------------------------------------------------------
+
+  void assign_categories() {
+    std::vector<bool> recomputed(n_, false);
+    for (NodeId id : options_.recomputed) {
+      const std::int64_t at = lookup_.position(id);
+      if (at < 0) {
+        throw InvalidArgument("sim", "SimOptions::recomputed names node " + std::to_string(id) +
+                                         ", which the graph does not have");
+      }
+      recomputed[static_cast<std::size_t>(at)] = true;
+      recomputed_ms_ += duration_[static_cast<std::size_t>(at)];
+    }
+    const DeviceProfile& profile = cost_.profile();
+    free_begin_.assign(n_ + 1, 0);
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      Slot& slot = slots_[s];
+      slot.rounded = round_allocation(slot.bytes, profile);
+      const auto first = static_cast<std::size_t>(slot.first);
+      if (slot.whole_step) {
+        slot.category = kInputs;
+      } else if (role_[first] == Role::kReload) {
+        slot.category = kReloads;
+      } else if (recomputed[first]) {
+        slot.category = kRecomputed;
+      } else if (slot_forward_[s] && slot.backward_read) {
+        slot.category = kActivations;
+      } else {
+        slot.category = kTemporaries;
+      }
+      if (!slot.whole_step && !slot.to_end) ++free_begin_[static_cast<std::size_t>(slot.last) + 1];
+    }
+    for (std::size_t at = 0; at < n_; ++at) free_begin_[at + 1] += free_begin_[at];
+    free_slots_.resize(static_cast<std::size_t>(free_begin_[n_]));
+    std::vector<std::int32_t> fill(free_begin_.begin(), free_begin_.end() - 1);
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      const Slot& slot = slots_[s];
+      if (slot.whole_step || slot.to_end) continue;
+      free_slots_[static_cast<std::size_t>(fill[static_cast<std::size_t>(slot.last)]++)] =
+          static_cast<std::int32_t>(s);
+    }
+  }
+
+  // ---- pass 3 ----------------------------------------------------------------
+
+  // Moves a live device slot's bytes to another category.
+  void recategorise(std::size_t s, int category) {
+    const Slot& slot = slots_[s];
+    live_by_category_[static_cast<std::size_t>(current_category_[s])] -= slot.rounded;
+    live_by_category_[static_cast<std::size_t>(category)] += slot.rounded;
+    current_category_[s] = static_cast<std::uint8_t>(category);
+  }
+
+  SimResult replay() {
+    SimResult result;
+    const bool timeline = options_.record_timeline;
+    if (timeline) {
+      result.timeline.reserve(n_);
+      result.intervals.reserve(n_ / 2);
+    }
+    current_category_.resize(slots_.size());
+    std::int64_t live = 0;
+    std::int64_t host_live = 0;
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      const Slot& slot = slots_[s];
+      current_category_[s] = slot.category;
+      if (slot.whole_step && !slot.host) {
+        live += slot.rounded;
+        live_by_category_[kInputs] += slot.rounded;
+      }
+    }
+    const DeviceProfile& profile = cost_.profile();
+    CopyStream d2h;
+    CopyStream h2d;
+    std::vector<double> copy_done(n_, 0.0);  // by offload/reload position
+    double t = 0;  // when the compute stream is free
+    result.peak_bytes = -1;
+
+    for (std::size_t at = 0; at < n_; ++at) {
+      const Node& node = graph_.nodes[at];
+      const auto pos = static_cast<std::int32_t>(at);
+      for (std::int32_t i = out_begin_[at]; i < out_begin_[at + 1]; ++i) {
+        const auto s = static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)]);
+        const Slot& slot = slots_[s];
+        if (slot.first != pos || slot.whole_step) continue;
+        if (slot.host) {
+          host_live += slot.bytes;
+        } else {
+          live += slot.rounded;
+          live_by_category_[slot.category] += slot.rounded;
+        }
+      }
+      if (in_flight_slot_[at] >= 0 && !slots_[static_cast<std::size_t>(in_flight_slot_[at])].host) {
+        recategorise(static_cast<std::size_t>(in_flight_slot_[at]), kInFlight);
+      }
+
+      double start = t;
+      double end = t;
+      switch (role_[at]) {
+        case Role::kCompute:
+          end = t + duration_[at];
+          t = end;
+          result.compute_busy_ms += duration_[at];
+          if (timeline && duration_[at] > 0) {
+            result.intervals.push_back({Stream::kCompute, node.id, start, end, 0});
+          }
+          break;
+        case Role::kOffload: {
+          const std::int64_t bytes = copy_bytes_[at];
+          const double copy_start = std::max(d2h.free_ms, t);
+          const double copy_stop =
+              bytes <= 0 ? copy_start
+                         : copy_end(copy_start, static_cast<double>(bytes),
+                                    profile.d2h.gbs(bytes) * 1e6,
+                                    profile.d2h_duplex.gbs(bytes) * 1e6, h2d);
+          finish_copy(d2h, Stream::kD2H, node.id, copy_start, copy_stop, bytes, result);
+          result.bytes_d2h += bytes;
+          copy_done[at] = copy_stop;
+          break;
+        }
+        case Role::kReload: {
+          const std::int64_t bytes = copy_bytes_[at];
+          const double copy_start =
+              std::max({h2d.free_ms, t, copy_done[static_cast<std::size_t>(linked_[at])]});
+          const double copy_stop =
+              bytes <= 0 ? copy_start
+                         : copy_end(copy_start, static_cast<double>(bytes),
+                                    profile.h2d.gbs(bytes) * 1e6,
+                                    profile.h2d_duplex.gbs(bytes) * 1e6, d2h);
+          finish_copy(h2d, Stream::kH2D, node.id, copy_start, copy_stop, bytes, result);
+          result.bytes_h2d += bytes;
+          copy_done[at] = copy_stop;
+          break;
+        }
+        case Role::kWait: {
+          const double ready = copy_done[static_cast<std::size_t>(linked_[at])];
+          if (ready > t) {
+            result.compute_wait_ms += ready - t;
+            t = ready;
+          }
+          start = end = t;
+          break;
+        }
+      }
+
+      result.host_peak_bytes = std::max(result.host_peak_bytes, host_live);
+      if (live > result.peak_bytes) {
+        result.peak_bytes = live;
+        result.peak_node = node.id;
+        result.peak_phase = node.phase;
+        result.peak_time_ms = start;
+        result.peak_by_category = live_by_category_;
+      }
+      if (timeline) result.timeline.push_back({node.id, start, end, live, live_by_category_});
+
+      for (std::int32_t i = free_begin_[at]; i < free_begin_[at + 1]; ++i) {
+        const auto s = static_cast<std::size_t>(free_slots_[static_cast<std::size_t>(i)]);
+        const Slot& slot = slots_[s];
+        if (slot.host) {
+          host_live -= slot.bytes;
+        } else {
+          live -= slot.rounded;
+          live_by_category_[current_category_[s]] -= slot.rounded;
+        }
+      }
+      // A forward wait ends the flight; a storage something still reads
+      // takes its own category again.
+      if (role_[at] == Role::kWait) {
+        const std::int32_t copy = linked_[at];
+        const std::int32_t moved = in_flight_slot_[static_cast<std::size_t>(copy)];
+        if (moved >= 0) {
+          const auto s = static_cast<std::size_t>(moved);
+          const Slot& slot = slots_[s];
+          const bool still_live = slot.whole_step || slot.to_end || slot.last > pos;
+          if (still_live && !slot.host && current_category_[s] == kInFlight) {
+            recategorise(s, slot.category);
+          }
+        }
+      }
+    }
+
+    if (n_ == 0) result.peak_bytes = live;
+    result.step_ms = std::max({t, d2h.free_ms, h2d.free_ms});
+    result.d2h_busy_ms = d2h.busy_ms;
+    result.h2d_busy_ms = h2d.busy_ms;
+    result.recompute_ms = recomputed_ms_;
+    return result;
+  }
+
+  void finish_copy(CopyStream& stream, Stream which, NodeId node, double start, double stop,
+                   std::int64_t bytes, SimResult& result) const {
+    stream.free_ms = stop;
+    stream.busy_ms += stop - start;
+    if (stop > start) stream.busy.emplace_back(start, stop);
+    if (options_.record_timeline) result.intervals.push_back({which, node, start, stop, bytes});
+  }
+
+  const Graph& graph_;
+  const CostModel& cost_;
+  const SimOptions& options_;
+  NodeLookup lookup_;  // value bytes recorded as lay_out() walks the graph
+  const SchemaTable schemas_;
+  const std::size_t n_;
+
+  // By node position.
+  std::vector<Role> role_;
+  std::vector<double> duration_;
+  std::vector<std::int32_t> out_begin_;  // n + 1: the node's slots are out_slots_[begin, next)
+  std::vector<std::int32_t> out_slots_;
+  // wait -> its copy; reload -> its offload; -1 otherwise.
+  std::vector<std::int32_t> linked_;
+  std::vector<std::int32_t> in_flight_slot_;  // offload -> the slot it moves, else -1
+  std::vector<std::int64_t> copy_bytes_;      // offload/reload -> bytes copied
+  std::vector<std::int32_t> free_begin_;      // n + 1: slots freed after the node
+  std::vector<std::int32_t> free_slots_;
+
+  // By slot.
+  SlotTable slot_table_;
+  std::vector<Slot> slots_;
+  std::vector<bool> slot_forward_;  // first produced in forward
+  std::vector<std::uint8_t> current_category_;
+
+  std::array<std::int64_t, kMemoryCategoryCount> live_by_category_{};
+  double recomputed_ms_ = 0;
+};
+
+}  // namespace
+
+SimResult simulate(const Graph& graph, const CostModel& cost, const SimOptions& options) {
+  return Simulation(graph, cost, options).run();
+}
+
+}  // namespace spillway

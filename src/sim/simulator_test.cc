@@ -1,0 +1,366 @@
+// simulate() on small hand-built graphs: step time, liveness, views,
+// rounding, the offload/wait/reload/wait chain on the copy streams, duplex,
+// the peak and its categories, and the errors of malformed chains.
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+
+#include "spillway/error.h"
+#include "spillway/plan.h"
+#include "spillway/sim.h"
+#include "testing/graph_builder.h"
+
+namespace spillway {
+namespace {
+
+using testing::GraphBuilder;
+using testing::NodeRef;
+using testing::str;
+
+constexpr std::int64_t kMiB = 1 << 20;
+constexpr int kIn = static_cast<int>(MemoryCategory::kInputs);
+constexpr int kAct = static_cast<int>(MemoryCategory::kActivations);
+constexpr int kTmp = static_cast<int>(MemoryCategory::kTemporaries);
+constexpr int kFly = static_cast<int>(MemoryCategory::kInFlight);
+constexpr int kRel = static_cast<int>(MemoryCategory::kReloads);
+constexpr int kRec = static_cast<int>(MemoryCategory::kRecomputed);
+
+// Flat links (bytes per ms = gbs * 1e6) so expected times are plain divisions.
+DeviceProfile flat_profile(double gbs = 10, double duplex_gbs = 5) {
+  DeviceProfile p;
+  p.name = "flat";
+  p.matmul_tflops_bf16 = 1000;
+  p.matmul_tflops_fp32 = 100;
+  p.memory_gbs = 1000;
+  p.launch_us = 0;
+  p.d2h.points = {{1, gbs}};
+  p.h2d.points = {{1, gbs}};
+  p.d2h_duplex.points = {{1, duplex_gbs}};
+  p.h2d_duplex.points = {{1, duplex_gbs}};
+  return p;
+}
+
+// A bf16 tensor of `mib` MiB.
+TensorInfo mib_tensor(std::int64_t mib) { return GraphBuilder::tensor({mib * 512, 1024}); }
+
+NodeRef timed(GraphBuilder& b, NodeRef node, double ms) {
+  b.node(node).time_ms = ms;
+  return node;
+}
+
+const TimelinePoint& point_of(const SimResult& r, NodeRef node) {
+  for (const TimelinePoint& p : r.timeline) {
+    if (p.node == node.id) return p;
+  }
+  throw std::runtime_error("no timeline point for node " + std::to_string(node.id));
+}
+
+const StreamInterval& interval_of(const SimResult& r, Stream stream, NodeRef node) {
+  for (const StreamInterval& i : r.intervals) {
+    if (i.stream == stream && i.node == node.id) return i;
+  }
+  throw std::runtime_error("no interval for node " + std::to_string(node.id));
+}
+
+std::int64_t category_sum(const std::array<std::int64_t, kMemoryCategoryCount>& c) {
+  return std::accumulate(c.begin(), c.end(), std::int64_t{0});
+}
+
+TEST(Simulate, ChainOfTimedNodesSumsToTheStepTime) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto a = timed(b, b.call("aten.relu.default", {x}, mib_tensor(1)), 1.5);
+  auto c = timed(b, b.call("aten.relu.default", {a}, mib_tensor(1)), 2.0);
+  b.backward();
+  auto d = timed(b, b.call("aten.relu.default", {c}, mib_tensor(1)), 0.25);
+  b.output({d});
+  SimResult r = simulate(b.build(), CostModel(flat_profile()));
+  EXPECT_DOUBLE_EQ(r.step_ms, 3.75);
+  EXPECT_DOUBLE_EQ(r.compute_busy_ms, 3.75);
+  EXPECT_EQ(r.compute_wait_ms, 0);
+  ASSERT_EQ(r.timeline.size(), 5u);
+  EXPECT_DOUBLE_EQ(point_of(r, c).start_ms, 1.5);
+  EXPECT_DOUBLE_EQ(point_of(r, c).end_ms, 3.5);
+  EXPECT_EQ(r.intervals.size(), 3u);  // the timed nodes only
+}
+
+TEST(Simulate, StorageIsFreedAfterItsLastReader) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto a = b.call("aten.relu.default", {x}, mib_tensor(2));
+  auto c = b.call("aten.relu.default", {a}, mib_tensor(4));
+  auto d = b.call("aten.relu.default", {c}, mib_tensor(8));
+  b.output({d});
+  SimResult r = simulate(b.build(), CostModel(flat_profile()));
+  // While c runs, a (its input) and c are live; while d runs, a is gone.
+  EXPECT_EQ(point_of(r, c).live_bytes, (1 + 2 + 4) * kMiB);
+  EXPECT_EQ(point_of(r, d).live_bytes, (1 + 4 + 8) * kMiB);
+  // The output's storage lives to the end; the input's through the step.
+  EXPECT_EQ(r.timeline.back().live_bytes, (1 + 8) * kMiB);
+  EXPECT_EQ(r.peak_bytes, 13 * kMiB);
+  EXPECT_EQ(r.peak_node, d.id);
+}
+
+TEST(Simulate, AViewAllocatesNothingAndKeepsItsBaseAlive) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto a = b.call("aten.relu.default", {x}, mib_tensor(2));
+  auto v = b.view("aten.t.default", a, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
+  auto c = b.call("aten.relu.default", {x}, mib_tensor(4));
+  auto d = b.call("aten.add.Tensor", {v, c}, mib_tensor(2));
+  b.output({d});
+  SimResult r = simulate(b.build(), CostModel(flat_profile()));
+  EXPECT_EQ(point_of(r, v).live_bytes, point_of(r, a).live_bytes);
+  // a lives until d reads its view.
+  EXPECT_EQ(point_of(r, d).live_bytes, (1 + 2 + 4 + 2) * kMiB);
+  // An expanded view reaches no further than its base: the storage stays 2 MiB.
+  GraphBuilder e;
+  auto y = e.input("y", mib_tensor(1));
+  auto row = e.call("aten.relu.default", {y}, GraphBuilder::tensor({1, 1024 * 1024}));
+  auto wide = e.view("aten.expand.default", row, GraphBuilder::tensor({64, 1024 * 1024}, {0, 1}));
+  auto sum = e.call("aten.sum.default", {wide}, GraphBuilder::tensor({1024 * 1024}));
+  e.output({sum});
+  SimResult r2 = simulate(e.build(), CostModel(flat_profile()));
+  EXPECT_EQ(point_of(r2, wide).live_bytes, (1 + 2) * kMiB);
+}
+
+TEST(Simulate, TupleElementsAreStoragesOfTheirOwnSharedByTheirGetitems) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto pair = b.call_value("aten.attention.default", {x},
+                           GraphBuilder::tuple({mib_tensor(4), mib_tensor(2)}));
+  TensorInfo first = mib_tensor(4);  // the getitem shares the element's storage
+  first.storage = b.node(pair).value.elements[0].tensor.storage;
+  auto out = b.call_untyped("operator.getitem", {pair, testing::lit(0)}, Value::of_tensor(first));
+  auto y = b.call("aten.relu.default", {out}, mib_tensor(1));
+  auto z = b.call("aten.relu.default", {y}, mib_tensor(1));
+  b.output({z});
+  SimResult r = simulate(b.build(), CostModel(flat_profile()));
+  EXPECT_EQ(point_of(r, pair).live_bytes, (1 + 4 + 2) * kMiB);
+  EXPECT_EQ(point_of(r, out).live_bytes, (1 + 4 + 2) * kMiB);  // the getitem allocates nothing
+  // The unselected element goes after the tuple's last reader (the getitem);
+  // the selected one after the getitem's last reader.
+  EXPECT_EQ(point_of(r, y).live_bytes, (1 + 4 + 1) * kMiB);
+  EXPECT_EQ(point_of(r, z).live_bytes, (1 + 1 + 1) * kMiB);
+}
+
+TEST(Simulate, AllocationsRoundUpTo512Bytes) {
+  GraphBuilder b;
+  auto x = b.input("x", GraphBuilder::tensor({50}));  // 100 bytes
+  auto a = b.call("aten.relu.default", {x}, GraphBuilder::tensor({257}));  // 514 bytes
+  b.output({a});
+  SimResult r = simulate(b.build(), CostModel(flat_profile()));
+  EXPECT_EQ(r.peak_bytes, 512 + 1024);
+  EXPECT_EQ(r.peak_by_category[kIn], 512);
+}
+
+// x -> a (forward activation of `mib` MiB, offloaded) -> between (forward
+// compute of `between_ms` after the offload) -> forward wait -> tail;
+// backward: reload, `before_ms` of compute, backward wait, grad.
+struct OffloadChain {
+  Graph graph;
+  NodeRef a, offload, between, forward_wait, tail, reload, before, backward_wait, grad;
+};
+
+OffloadChain offload_chain(std::int64_t mib, double between_ms, double before_ms) {
+  GraphBuilder b;
+  OffloadChain c;
+  auto x = b.input("x", mib_tensor(1));
+  c.a = timed(b, b.call("aten.relu.default", {x}, mib_tensor(mib)), 1.0);
+  TensorInfo host = mib_tensor(mib);
+  host.device = "cpu";
+  c.offload = b.call(std::string(kOffloadTarget), {c.a}, host);
+  c.between = timed(b, b.call("aten.relu.default", {c.a}, mib_tensor(1)), between_ms);
+  c.forward_wait = b.call(std::string(kWaitTarget), {c.offload, c.a, c.between},
+                          b.share(c.offload, host));
+  c.tail = timed(b, b.call("aten.relu.default", {c.between}, mib_tensor(1)), 1.0);
+  b.backward();
+  c.reload = b.call(std::string(kReloadTarget), {c.forward_wait, str("cuda:0")}, mib_tensor(mib));
+  c.before = timed(b, b.call("aten.relu.default", {c.tail}, mib_tensor(1)), before_ms);
+  c.backward_wait = b.call(std::string(kWaitTarget), {c.reload, c.forward_wait},
+                           b.share(c.reload, mib_tensor(mib)));
+  c.grad = timed(b, b.call("aten.mul.Tensor", {c.backward_wait, c.before}, mib_tensor(1)), 1.0);
+  b.output({c.grad});
+  c.graph = b.build();
+  return c;
+}
+
+TEST(Simulate, OffloadChainCopiesAtTheProfileRateAndStallsOnlyWhenTheCopyIsLonger) {
+  const CostModel cost(flat_profile(10));
+  const double copy_ms = 8.0 * kMiB / 1e7;  // 8 MiB at 10 GB/s: 0.8388608 ms
+  for (double between : {0.5, 2.0}) {
+    SCOPED_TRACE(between);
+    OffloadChain c = offload_chain(8, between, 0.1);
+    SimResult r = simulate(c.graph, cost);
+    const StreamInterval& d2h = interval_of(r, Stream::kD2H, c.offload);
+    EXPECT_DOUBLE_EQ(d2h.start_ms, 1.0);  // when the producer is done
+    EXPECT_DOUBLE_EQ(d2h.end_ms - d2h.start_ms, copy_ms);
+    EXPECT_EQ(d2h.bytes, 8 * kMiB);
+    const double stall = std::max(0.0, copy_ms - between);
+    const TimelinePoint& wait = point_of(r, c.forward_wait);
+    EXPECT_DOUBLE_EQ(wait.start_ms, 1.0 + between + stall);
+    EXPECT_NEAR(r.compute_wait_ms, stall + std::max(0.0, copy_ms - 0.1), 1e-12);
+    // The H2D starts when compute reaches the reload and takes the same time.
+    const StreamInterval& h2d = interval_of(r, Stream::kH2D, c.reload);
+    EXPECT_DOUBLE_EQ(h2d.start_ms, point_of(r, c.reload).start_ms);
+    EXPECT_DOUBLE_EQ(h2d.end_ms - h2d.start_ms, copy_ms);
+    EXPECT_DOUBLE_EQ(point_of(r, c.grad).start_ms, h2d.end_ms);
+    EXPECT_EQ(r.bytes_d2h, 8 * kMiB);
+    EXPECT_EQ(r.bytes_h2d, 8 * kMiB);
+    EXPECT_DOUBLE_EQ(r.d2h_busy_ms, copy_ms);
+    EXPECT_EQ(r.host_peak_bytes, 8 * kMiB);
+  }
+}
+
+TEST(Simulate, DeviceBytesDropAtTheForwardWaitAndReturnAtTheReload) {
+  OffloadChain c = offload_chain(8, 1.0, 1.0);
+  SimResult r = simulate(c.graph, CostModel(flat_profile()));
+  const TimelinePoint& between = point_of(r, c.between);
+  const TimelinePoint& wait = point_of(r, c.forward_wait);
+  const TimelinePoint& tail = point_of(r, c.tail);
+  const TimelinePoint& reload = point_of(r, c.reload);
+  // x 1, a 8 (in flight), between 1.
+  EXPECT_EQ(between.live_bytes, 10 * kMiB);
+  EXPECT_EQ(between.by_category[kFly], 8 * kMiB);
+  EXPECT_EQ(wait.live_bytes, 10 * kMiB);  // freed after the wait, not before
+  EXPECT_EQ(tail.live_bytes, 3 * kMiB);   // x, between, tail
+  EXPECT_EQ(tail.by_category[kFly], 0);
+  EXPECT_EQ(reload.live_bytes - point_of(r, c.tail).live_bytes, 8 * kMiB - 1 * kMiB);
+  EXPECT_EQ(reload.by_category[kRel], 8 * kMiB);
+  EXPECT_EQ(point_of(r, c.grad).by_category[kRel], 8 * kMiB);
+  for (const TimelinePoint& p : r.timeline) EXPECT_EQ(category_sum(p.by_category), p.live_bytes);
+  // Not offloaded, a would be an activation held through to the backward.
+  EXPECT_EQ(wait.by_category[kAct], 0);
+}
+
+TEST(Simulate, DuplexSlowsACopyThatOverlapsTheOtherDirection) {
+  // a's H2D is issued right after its forward wait; b's D2H starts 0.5 ms later
+  // and overlaps it.
+  auto build = [] {
+    GraphBuilder b;
+    auto x = b.input("x", mib_tensor(1));
+    auto a = timed(b, b.call("aten.relu.default", {x}, mib_tensor(20)), 1.0);
+    TensorInfo host = mib_tensor(20);
+    host.device = "cpu";
+    auto off_a = b.call(std::string(kOffloadTarget), {a}, host);
+    auto fw_a = b.call(std::string(kWaitTarget), {off_a, a, a}, b.share(off_a, host));
+    auto r_a = b.call(std::string(kReloadTarget), {fw_a, str("cuda:0")}, mib_tensor(20));
+    auto c = timed(b, b.call("aten.relu.default", {x}, mib_tensor(20)), 0.5);
+    auto off_c = b.call(std::string(kOffloadTarget), {c}, host);
+    auto fw_c = b.call(std::string(kWaitTarget), {off_c, c, c}, b.share(off_c, host));
+    auto bw_a = b.call(std::string(kWaitTarget), {r_a, fw_a}, b.share(r_a, mib_tensor(20)));
+    auto r_c = b.call(std::string(kReloadTarget), {fw_c, str("cuda:0")}, mib_tensor(20));
+    auto bw_c = b.call(std::string(kWaitTarget), {r_c, fw_c}, b.share(r_c, mib_tensor(20)));
+    b.output({bw_a, bw_c});
+    return std::make_pair(b.build(), std::make_pair(r_a, off_c));
+  };
+  auto [graph, copies] = build();
+  const double bytes = 20.0 * kMiB;
+  const double alone = bytes / 1e7;  // 10 GB/s
+  SimResult slow = simulate(graph, CostModel(flat_profile(10, 5)));
+  const StreamInterval& h2d = interval_of(slow, Stream::kH2D, copies.first);
+  const StreamInterval& d2h = interval_of(slow, Stream::kD2H, copies.second);
+  EXPECT_DOUBLE_EQ(h2d.end_ms - h2d.start_ms, alone);  // scheduled first: not slowed
+  EXPECT_DOUBLE_EQ(d2h.start_ms, h2d.start_ms + 0.5);
+  const double overlap = h2d.end_ms - d2h.start_ms;
+  const double expected = overlap + (bytes - overlap * 5e6) / 1e7;
+  EXPECT_NEAR(d2h.end_ms - d2h.start_ms, expected, 1e-9);
+  EXPECT_GT(d2h.end_ms - d2h.start_ms, alone);
+  SimResult fast = simulate(graph, CostModel(flat_profile(10, 10)));
+  const StreamInterval& same = interval_of(fast, Stream::kD2H, copies.second);
+  EXPECT_DOUBLE_EQ(same.end_ms - same.start_ms, alone);
+  EXPECT_GT(slow.step_ms, fast.step_ms);
+}
+
+TEST(Simulate, PeakNodePhaseTimeAndCategories) {
+  GraphBuilder b;
+  auto w = b.input("w", mib_tensor(1));
+  auto a = timed(b, b.call("aten.relu.default", {w}, mib_tensor(4)), 1.0);   // saved
+  auto t = timed(b, b.call("aten.relu.default", {a}, mib_tensor(2)), 1.0);   // temporary
+  auto loss = timed(b, b.call("aten.sum.default", {t}, mib_tensor(1)), 1.0);
+  b.backward();
+  auto big = timed(b, b.call("aten.relu.default", {loss}, mib_tensor(16)), 1.0);
+  auto grad = timed(b, b.call("aten.mul.Tensor", {big, a}, mib_tensor(2)), 1.0);
+  auto small = timed(b, b.call("aten.relu.default", {grad}, mib_tensor(1)), 1.0);
+  b.output({small});
+  SimOptions options;
+  options.recomputed = {big.id};
+  SimResult r = simulate(b.build(), CostModel(flat_profile()), options);
+  // While grad runs: w 1, a 4, big 16, grad 2 (loss went after big: 22 there).
+  EXPECT_EQ(r.peak_node, grad.id);
+  EXPECT_EQ(r.peak_phase, Phase::kBackward);
+  EXPECT_DOUBLE_EQ(r.peak_time_ms, 4.0);
+  EXPECT_EQ(r.peak_bytes, 23 * kMiB);
+  EXPECT_EQ(r.peak_by_category[kIn], 1 * kMiB);
+  EXPECT_EQ(r.peak_by_category[kAct], 4 * kMiB);
+  EXPECT_EQ(r.peak_by_category[kRec], 16 * kMiB);
+  EXPECT_EQ(r.peak_by_category[kTmp], 2 * kMiB);
+  EXPECT_DOUBLE_EQ(r.recompute_ms, 1.0);
+  EXPECT_EQ(point_of(r, t).by_category[kTmp], 2 * kMiB);
+}
+
+TEST(Simulate, WithoutTimelineTheTotalsAreTheSame) {
+  OffloadChain c = offload_chain(8, 0.3, 0.2);
+  const CostModel cost(flat_profile());
+  SimResult full = simulate(c.graph, cost);
+  SimResult lean = simulate(c.graph, cost, SimOptions{{}, /*record_timeline=*/false});
+  EXPECT_TRUE(lean.timeline.empty());
+  EXPECT_TRUE(lean.intervals.empty());
+  EXPECT_EQ(lean.peak_bytes, full.peak_bytes);
+  EXPECT_EQ(lean.peak_node, full.peak_node);
+  EXPECT_EQ(lean.step_ms, full.step_ms);
+  EXPECT_EQ(lean.compute_wait_ms, full.compute_wait_ms);
+  EXPECT_EQ(lean.host_peak_bytes, full.host_peak_bytes);
+}
+
+std::string invalid_graph_error(const Graph& graph) {
+  try {
+    simulate(graph, CostModel(flat_profile()));
+  } catch (const InvalidGraph& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Simulate, AWaitOnANonCopyIsInvalidGraphNamingTheNode) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto a = b.call("aten.relu.default", {x}, mib_tensor(1));
+  b.named("bad_wait").call(std::string(kWaitTarget), {a}, b.share(a, mib_tensor(1)));
+  const std::string error = invalid_graph_error(b.build());
+  EXPECT_EQ(error.rfind("[sim] node 2 (bad_wait): ", 0), 0u) << error;
+  EXPECT_NE(error.find("relu_0"), std::string::npos) << error;
+}
+
+TEST(Simulate, AReloadOfSomethingNeverOffloadedIsInvalidGraph) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  b.named("orphan").call(std::string(kReloadTarget), {x, str("cuda:0")}, mib_tensor(1));
+  EXPECT_NE(invalid_graph_error(b.build()).find("node 1 (orphan)"), std::string::npos);
+}
+
+TEST(Simulate, AReferenceToALaterNodeIsInvalidGraph) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto a = b.call("aten.relu.default", {x}, mib_tensor(1));
+  b.node(a).args[0] = Arg::of_node(7);
+  EXPECT_NE(invalid_graph_error(b.build()).find("reads node 7"), std::string::npos);
+  Graph twice = b.build();
+  twice.nodes[1].args[0] = Arg::of_node(0);
+  twice.nodes[1].id = 0;
+  EXPECT_NE(invalid_graph_error(twice).find("node 0 (relu_0): field 'id' repeats"),
+            std::string::npos);
+}
+
+TEST(Simulate, UnknownRecomputedNodeIsInvalidArgument) {
+  GraphBuilder b;
+  b.input("x", mib_tensor(1));
+  SimOptions options;
+  options.recomputed = {42};
+  EXPECT_THROW(simulate(b.build(), CostModel(flat_profile()), options), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace spillway

@@ -1,0 +1,72 @@
+#include "sim/tensor_bytes.h"
+
+#include <limits>
+
+namespace spillway::sim {
+namespace {
+
+constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+
+// Operands are >= 0. (No division: this runs for every value of every
+// simulated graph.)
+std::int64_t saturating_mul(std::int64_t a, std::int64_t b) {
+  std::int64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? kMax : product;
+}
+
+std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  std::int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? kMax : sum;
+}
+
+}  // namespace
+
+std::int64_t hinted_numel(const TensorInfo& info) {
+  std::int64_t numel = 1;
+  for (const SymSize& size : info.sizes) {
+    if (!size.hint || *size.hint <= 0) return 0;
+    numel = saturating_mul(numel, *size.hint);
+  }
+  return numel;
+}
+
+std::int64_t hinted_nbytes(const TensorInfo& info) {
+  return saturating_mul(hinted_numel(info), info.element_size > 0 ? info.element_size : 0);
+}
+
+TensorBytes tensor_bytes(const TensorInfo& info) {
+  const std::int64_t element_size = info.element_size > 0 ? info.element_size : 0;
+  const bool strided = info.strides.size() == info.sizes.size();
+  std::int64_t numel = 1;
+  std::int64_t last = 0;  // offset of the last element, in elements
+  bool known_strides = strided;
+  for (std::size_t d = 0; d < info.sizes.size(); ++d) {
+    const SymSize& size = info.sizes[d];
+    if (!size.hint || *size.hint <= 0) return {};
+    numel = saturating_mul(numel, *size.hint);
+    if (known_strides) {
+      const SymSize& stride = info.strides[d];
+      if (stride.hint && *stride.hint >= 0) {
+        last = saturating_add(last, saturating_mul(*size.hint - 1, *stride.hint));
+      } else {
+        known_strides = false;
+      }
+    }
+  }
+  TensorBytes bytes;
+  bytes.nbytes = saturating_mul(numel, element_size);
+  bytes.extent =
+      known_strides ? saturating_mul(saturating_add(last, 1), element_size) : bytes.nbytes;
+  return bytes;
+}
+
+std::int64_t value_nbytes(const Value& value) {
+  if (value.is_tensor()) return hinted_nbytes(value.tensor);
+  std::int64_t total = 0;
+  for (const Value& element : value.elements) total = saturating_add(total, value_nbytes(element));
+  return total;
+}
+
+std::int64_t add_bytes(std::int64_t a, std::int64_t b) { return saturating_add(a, b); }
+
+}  // namespace spillway::sim

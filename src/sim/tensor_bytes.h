@@ -1,0 +1,33 @@
+#pragma once
+// Byte counts of tensor values from their size hints, for the cost model and
+// the simulator. Internal to spillway_sim. An unbacked size (no hint) makes a
+// count 0; counts saturate at INT64_MAX instead of overflowing.
+
+#include <cstdint>
+
+#include "spillway/graph.h"
+
+namespace spillway::sim {
+
+// Elements of the tensor (product of the size hints).
+std::int64_t hinted_numel(const TensorInfo& info);
+// numel * element_size.
+std::int64_t hinted_nbytes(const TensorInfo& info);
+// nbytes summed over a value's tensors (a tuple/list counts every element).
+std::int64_t value_nbytes(const Value& value);
+
+// What one tensor needs, from one walk over its dims.
+struct TensorBytes {
+  std::int64_t nbytes = 0;  // hinted_nbytes
+  // The furthest byte the tensor reaches from its storage's start: (1 + sum
+  // of (size - 1) * stride) * element_size when the strides are known, else
+  // nbytes; 0 for an empty tensor. What the value needs of its storage
+  // (execution model (6)): an expanded view reaches no further than its base.
+  std::int64_t extent = 0;
+};
+TensorBytes tensor_bytes(const TensorInfo& info);
+
+// a + b for byte counts >= 0, saturating at INT64_MAX.
+std::int64_t add_bytes(std::int64_t a, std::int64_t b);
+
+}  // namespace spillway::sim
