@@ -101,7 +101,7 @@ void append_memory_samples(Json& events, double ms, const TimelinePoint& point) 
   std::int64_t total = 0;
   for (const sim::CategoryStyle& style : sim::kCategoryStyles) {
     const std::int64_t bytes = point.by_category[static_cast<int>(style.category)];
-    by_category[std::string(style.key)] = bytes;
+    by_category[std::string(to_string(style.category))] = bytes;
     total += bytes;
   }
   events.push_back(Json{{"name", kByCategoryCounter},

@@ -418,8 +418,9 @@ std::string memory_svg(const Graph& graph, const SimResult& result, std::string_
       return s.bytes[category] != 0;
     });
     if (!present) continue;
-    svg += "<path class=\"" + std::string(style.key) + "\" fill=\"" + std::string(style.colour) +
-           "\" d=\"" + band_path(samples, end_ms, category, scale) + "\"/>\n";
+    svg += "<path class=\"" + std::string(to_string(style.category)) + "\" fill=\"" +
+           std::string(style.colour) + "\" d=\"" + band_path(samples, end_ms, category, scale) +
+           "\"/>\n";
   }
   svg += "</g>\n";
   svg += "<path class=\"outline\" fill=\"none\" stroke=\"#222\" stroke-width=\"0.7\" "

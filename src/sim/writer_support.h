@@ -15,9 +15,10 @@
 
 namespace spillway::sim {
 
+// A category's machine name (the trace's counter arguments, the picture's
+// class names) is to_string(category).
 struct CategoryStyle {
   MemoryCategory category;
-  std::string_view key;     // a stable machine name: the trace's counter arguments
   std::string_view label;   // what the picture's legend says
   std::string_view colour;  // an SVG fill colour
 };
@@ -25,12 +26,12 @@ struct CategoryStyle {
 // In MemoryCategory order, which is also the stacking order of the picture
 // (bottom first): what is always there under what comes and goes.
 inline constexpr std::array<CategoryStyle, kMemoryCategoryCount> kCategoryStyles{{
-    {MemoryCategory::kInputs, "inputs", "inputs and weights", "#9a9a9a"},
-    {MemoryCategory::kActivations, "activations", "kept activations", "#3b75c4"},
-    {MemoryCategory::kTemporaries, "temporaries", "temporaries", "#bcd6f0"},
-    {MemoryCategory::kInFlight, "in_flight", "in-flight copies", "#f28e2b"},
-    {MemoryCategory::kReloads, "reloads", "reloads", "#4fa04a"},
-    {MemoryCategory::kRecomputed, "recomputed", "recomputed", "#8a5bbf"},
+    {MemoryCategory::kInputs, "inputs and weights", "#9a9a9a"},
+    {MemoryCategory::kActivations, "kept activations", "#3b75c4"},
+    {MemoryCategory::kTemporaries, "temporaries", "#bcd6f0"},
+    {MemoryCategory::kInFlight, "in-flight copies", "#f28e2b"},
+    {MemoryCategory::kReloads, "reloads", "#4fa04a"},
+    {MemoryCategory::kRecomputed, "recomputed", "#8a5bbf"},
 }};
 
 // Node names by id; an id the graph lacks is named "#<id>", so a writer never
