@@ -11,8 +11,10 @@
 #include <sstream>
 #include <string>
 
+#include "cli/plan_report.h"
 #include "spillway/graph.h"
 #include "spillway/plan.h"
+#include "spillway/sim.h"
 
 namespace spillway {
 namespace {
@@ -359,18 +361,25 @@ TEST_F(CliTest, PrefetchAnchorEndIssuesReloadsAfterTheEarlierRegion) {
 TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(run("plan --no-such-flag").exit_code, 2);
   EXPECT_EQ(run("validate").exit_code, 2);
+  EXPECT_EQ(run("simulate").exit_code, 2);
   EXPECT_EQ(run("").exit_code, 2);
   EXPECT_EQ(run("plan --min-bytes lots").exit_code, 2);
 }
 
 TEST_F(CliTest, HelpOnEveryCommandDocumentsExitCodes) {
-  for (const std::string command : {"--help", "plan --help", "validate --help"}) {
+  for (const std::string command : {"--help", "plan --help", "validate --help", "simulate --help"}) {
     const CliRun run_result = run(command);
     EXPECT_EQ(run_result.exit_code, 0) << command;
     EXPECT_NE(run_result.out.find("Exit codes"), std::string::npos) << command;
     EXPECT_NE(run_result.out.find("3  I/O error"), std::string::npos) << command;
   }
   EXPECT_NE(run("plan --help").out.find("--emit-graph"), std::string::npos);
+  for (const std::string command : {"plan --help", "simulate --help"}) {
+    const std::string help = run(command).out;
+    for (const char* flag : {"--device-profile", "--trace", "--timeline"}) {
+      EXPECT_NE(help.find(flag), std::string::npos) << command << " " << flag;
+    }
+  }
 }
 
 TEST_F(CliTest, DefaultGraphIsPlannedOrReportedMissing) {
@@ -459,6 +468,214 @@ TEST_F(CliTest, ReplayPointwiseRecomputesTaggedMlpValuesInsteadOfMovingThem) {
                              "' '" + graph.string() + "'");
   ASSERT_EQ(emitted.exit_code, 0) << emitted.err;
   EXPECT_NO_THROW(verify_offload_graph(tagged, load_graph(out.string())));
+}
+
+// ---- simulate, and the forecast and pictures of plan ---------------------------
+
+TEST_F(CliTest, SimulatePrintsStepPeakAndBytesMoved) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const CliRun original = run("simulate '" + graph.string() + "'");
+  ASSERT_EQ(original.exit_code, 0) << original.err;
+  EXPECT_TRUE(original.err.empty()) << original.err;
+  const std::vector<std::string> lines = {
+      "graph:              two-layer test graph\n",
+      "nodes:              13 (9 forward, 4 backward)\n",
+      "device profile:     " + h200_profile().name + "\n",
+      "predicted step:     ",
+      "peak device memory: ",
+      "moved D2H:          0 B",
+      "moved H2D:          0 B",
+      "compute wait:       0.00 ms"};
+  for (const std::string& line : lines) {
+    EXPECT_NE(original.out.find(line), std::string::npos) << line << "\n" << original.out;
+  }
+  const SimResult expected = simulate(load_graph(graph.string()), CostModel(h200_profile()));
+  EXPECT_NE(original.out.find("peak device memory: " + cli::human_bytes(expected.peak_bytes) +
+                              " (" + std::to_string(expected.peak_bytes) + " bytes) at node "),
+            std::string::npos)
+      << original.out;
+
+  // The planned graph moves the 16 MiB each way.
+  const fs::path rewritten = dir_ / "rewritten.json";
+  ASSERT_EQ(run("plan --emit-graph '" + rewritten.string() + "' '" + graph.string() + "'").exit_code,
+            0);
+  const CliRun planned = run("simulate '" + rewritten.string() + "'");
+  ASSERT_EQ(planned.exit_code, 0) << planned.err;
+  EXPECT_NE(planned.out.find("moved D2H:          16.00 MiB"), std::string::npos) << planned.out;
+  EXPECT_NE(planned.out.find("moved H2D:          16.00 MiB"), std::string::npos) << planned.out;
+}
+
+TEST_F(CliTest, SimulateWritesTheTraceAndTheTimeline) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const fs::path trace = dir_ / "step.json";
+  const fs::path timeline = dir_ / "step.svg";
+  const CliRun result = run("simulate --trace '" + trace.string() + "' --timeline '" +
+                            timeline.string() + "' '" + graph.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("wrote the trace to " + trace.string() + "\n"), std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("wrote the memory timeline to " + timeline.string() + "\n"),
+            std::string::npos)
+      << result.out;
+  const nlohmann::json events = nlohmann::json::parse(read_text(trace)).at("traceEvents");
+  int slices = 0;
+  for (const nlohmann::json& event : events) slices += event.at("ph") == "X";
+  EXPECT_GT(slices, 0);
+  const std::string svg = read_text(timeline);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("two-layer test graph (" + h200_profile().name + ")"), std::string::npos);
+  EXPECT_NE(svg.find(">peak "), std::string::npos);
+
+  // Without the flags nothing is written.
+  fs::remove(trace);
+  ASSERT_EQ(run("simulate '" + graph.string() + "'").exit_code, 0);
+  EXPECT_FALSE(fs::exists(trace));
+}
+
+TEST_F(CliTest, PlanForecastsTheRewrittenGraphAgainstTheOriginal) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const CliRun text = run("plan '" + graph.string() + "'");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  const std::vector<std::string> lines = {"forecast (simulated on " + h200_profile().name + "):\n",
+                                          "original",
+                                          "rewritten",
+                                          "difference\n",
+                                          "  step time  ",
+                                          "  peak device memory  ",
+                                          "  peak at  "};
+  for (const std::string& line : lines) {
+    EXPECT_NE(text.out.find(line), std::string::npos) << line << "\n" << text.out;
+  }
+
+  const CliRun json = run("plan --json '" + graph.string() + "'");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json forecast = nlohmann::json::parse(json.out).at("forecast");
+  EXPECT_EQ(forecast.at("device"), h200_profile().name);
+  const nlohmann::json& before = forecast.at("original");
+  const nlohmann::json& after = forecast.at("rewritten");
+  // The numbers are simulate()'s on the two graphs.
+  const Graph original = load_graph(graph.string());
+  const SimResult expected = simulate(original, CostModel(h200_profile()));
+  EXPECT_EQ(before.at("peak_bytes").get<std::int64_t>(), expected.peak_bytes);
+  EXPECT_DOUBLE_EQ(before.at("step_ms").get<double>(), expected.step_ms);
+  EXPECT_EQ(before.at("bytes_d2h").get<std::int64_t>(), 0);
+  EXPECT_EQ(after.at("bytes_d2h").get<std::int64_t>(), kTwoLayerBytes);
+  EXPECT_EQ(after.at("bytes_h2d").get<std::int64_t>(), kTwoLayerBytes);
+  EXPECT_EQ(forecast.at("peak_bytes_change").get<std::int64_t>(),
+            after.at("peak_bytes").get<std::int64_t>() - before.at("peak_bytes").get<std::int64_t>());
+  EXPECT_DOUBLE_EQ(forecast.at("step_ms_change").get<double>(),
+                   after.at("step_ms").get<double>() - before.at("step_ms").get<double>());
+
+  // Planning nothing forecasts no change.
+  const CliRun none = run("plan --json --mode none '" + graph.string() + "'");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  const nlohmann::json unchanged = nlohmann::json::parse(none.out).at("forecast");
+  EXPECT_EQ(unchanged.at("peak_bytes_change").get<std::int64_t>(), 0);
+  EXPECT_EQ(unchanged.at("step_ms_change").get<double>(), 0.0);
+  const std::string none_text = run("plan --mode none '" + graph.string() + "'").out;
+  EXPECT_NE(none_text.find("forecast (simulated on"), std::string::npos) << none_text;
+  EXPECT_NE(none_text.find("none\n"), std::string::npos) << none_text;
+}
+
+TEST_F(CliTest, PlanWritesTheTraceAndTimelineOfTheRewrittenGraph) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const fs::path trace = dir_ / "plan.json";
+  const fs::path timeline = dir_ / "plan.svg";
+  const CliRun result = run("plan --trace '" + trace.string() + "' --timeline '" +
+                            timeline.string() + "' '" + graph.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("wrote the trace to "), std::string::npos) << result.out;
+  const nlohmann::json events = nlohmann::json::parse(read_text(trace)).at("traceEvents");
+  std::int64_t d2h_tid = -1;
+  for (const nlohmann::json& event : events) {
+    if (event.at("ph") == "M" && event.at("name") == "thread_name" &&
+        event.at("args").at("name") == "D2H") {
+      d2h_tid = event.at("tid").get<std::int64_t>();
+    }
+  }
+  int offload_slices = 0;
+  for (const nlohmann::json& event : events) {
+    if (event.at("ph") != "X" || event.at("tid").get<std::int64_t>() != d2h_tid) continue;
+    EXPECT_EQ(event.at("args").at("bytes").get<std::int64_t>(), kTwoLayerBytes / 4);
+    ++offload_slices;
+  }
+  EXPECT_EQ(offload_slices, 4);
+  const std::string svg = read_text(timeline);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("4 values of self_attn moved"), std::string::npos);
+  EXPECT_NE(svg.find("class=\"in_flight\""), std::string::npos);
+  EXPECT_NE(svg.find("class=\"reloads\""), std::string::npos);
+
+  // With --json stdout stays one JSON object.
+  const CliRun json = run("plan --json --timeline '" + timeline.string() + "' '" +
+                          graph.string() + "'");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_TRUE(nlohmann::json::accept(json.out)) << json.out;
+}
+
+TEST_F(CliTest, DeviceProfileFlagSimulatesOnThatDevice) {
+  DeviceProfile slow = h200_profile();
+  slow.name = "Test GPU with a slow link";
+  for (LinkCurve* curve : {&slow.d2h, &slow.h2d, &slow.d2h_duplex, &slow.h2d_duplex}) {
+    for (auto& point : curve->points) point.second /= 100;
+  }
+  const fs::path profile = write_file("slow.json", write_device_profile(slow));
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const std::string flag = "--device-profile '" + profile.string() + "' ";
+
+  const CliRun simulated = run("simulate " + flag + "'" + graph.string() + "'");
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+  EXPECT_NE(simulated.out.find("device profile:     Test GPU with a slow link\n"),
+            std::string::npos)
+      << simulated.out;
+
+  const CliRun fast = run("plan --json '" + graph.string() + "'");
+  const CliRun planned = run("plan --json " + flag + "'" + graph.string() + "'");
+  ASSERT_EQ(fast.exit_code, 0) << fast.err;
+  ASSERT_EQ(planned.exit_code, 0) << planned.err;
+  const nlohmann::json on_h200 = nlohmann::json::parse(fast.out).at("forecast");
+  const nlohmann::json on_slow = nlohmann::json::parse(planned.out).at("forecast");
+  EXPECT_EQ(on_slow.at("device"), "Test GPU with a slow link");
+  // The copies take 100x longer: the rewritten step waits for them.
+  EXPECT_GT(on_slow.at("rewritten").at("step_ms").get<double>(),
+            on_h200.at("rewritten").at("step_ms").get<double>());
+  EXPECT_NE(run("plan " + flag + "'" + graph.string() + "'")
+                .out.find("forecast (simulated on Test GPU with a slow link):"),
+            std::string::npos);
+}
+
+TEST_F(CliTest, DeviceProfileAndOutputErrors) {
+  const fs::path graph = write_file("g.json", kTwoLayerGraph);
+  const std::string path = " '" + graph.string() + "'";
+  for (const std::string command : {"simulate", "plan"}) {
+    SCOPED_TRACE(command);
+    // Missing or unreadable: an I/O error naming the file.
+    const std::string missing = (dir_ / "no_such_profile.json").string();
+    const CliRun not_found = run(command + " --device-profile '" + missing + "'" + path);
+    EXPECT_EQ(not_found.exit_code, 3);
+    EXPECT_EQ(not_found.err, "[cli] device profile file not found: " + missing + "\n");
+    const CliRun directory = run(command + " --device-profile '" + dir_.string() + "'" + path);
+    EXPECT_EQ(directory.exit_code, 3);
+    EXPECT_NE(directory.err.find("device profile path is a directory"), std::string::npos)
+        << directory.err;
+    // Malformed: an invalid value, named by the profile parser.
+    const fs::path junk = write_file("junk_profile.json", "{\"name\": 3}");
+    const CliRun malformed = run(command + " --device-profile '" + junk.string() + "'" + path);
+    EXPECT_EQ(malformed.exit_code, 1);
+    EXPECT_EQ(malformed.err.rfind("[sim] ", 0), 0u) << malformed.err;
+    // A flag without its argument is a usage error.
+    EXPECT_EQ(run(command + path + " --device-profile").exit_code, 2);
+    EXPECT_EQ(run(command + path + " --trace").exit_code, 2);
+    EXPECT_EQ(run(command + path + " --timeline").exit_code, 2);
+    // An output that cannot be written.
+    const std::string unwritable = (dir_ / "no_dir" / "out.svg").string();
+    const CliRun output = run(command + " --timeline '" + unwritable + "'" + path);
+    EXPECT_EQ(output.exit_code, 3);
+    EXPECT_EQ(output.err, "[cli] cannot write the timeline to " + unwritable + "\n");
+  }
+  const CliRun no_graph = run("simulate '" + (dir_ / "no_such_graph.json").string() + "'");
+  EXPECT_EQ(no_graph.exit_code, 3);
+  EXPECT_NE(no_graph.err.find("no_such_graph.json"), std::string::npos) << no_graph.err;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The `spillway` command: plan activation offload for a joint forward+backward
-// graph, or validate a graph file. See README.md for the reference and
+// graph, simulate a graph's step on a device profile, or validate a graph file. See README.md for the reference and
 // `spillway --help` for the exit codes.
 
 #include <CLI/CLI.hpp>
@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "cli/plan_report.h"
+#include "cli/sim_report.h"
 #include "spillway/error.h"
 #include "spillway/graph.h"
 #include "spillway/plan.h"
+#include "spillway/sim.h"
 
 namespace spillway::cli {
 namespace {
@@ -35,7 +37,7 @@ constexpr const char* kExitCodeHelp =
     "  0  success\n"
     "  1  invalid graph or option value (stderr names it, starting with \"[component]\")\n"
     "  2  usage error: unknown option, missing or malformed argument\n"
-    "  3  I/O error: graph file missing or unreadable, output not writable";
+    "  3  I/O error: graph or profile file missing or unreadable, output not writable";
 
 // The graph `spillway plan` uses when none is named, relative to the source tree.
 constexpr const char* kDefaultGraph = "examples/graphs/llama3-8b-s8192-cuda.json.zst";
@@ -59,13 +61,23 @@ class IoError : public Error {
   using Error::Error;
 };
 
-void require_readable_file(const std::string& path) {
+// `what` names the file for the message: "graph", "device profile".
+void require_readable_file(const std::string& path, std::string_view what = "graph") {
+  const std::string kind(what);
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
-  if (!fs::exists(status)) throw IoError("cli", "graph file not found: " + path);
-  if (fs::is_directory(status)) throw IoError("cli", "graph path is a directory: " + path);
+  if (!fs::exists(status)) throw IoError("cli", kind + " file not found: " + path);
+  if (fs::is_directory(status)) throw IoError("cli", kind + " path is a directory: " + path);
   std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw IoError("cli", "cannot open graph file for reading: " + path);
+  if (!stream) throw IoError("cli", "cannot open " + kind + " file for reading: " + path);
+}
+
+void write_text_file(const std::string& path, const std::string& text, std::string_view what) {
+  std::ofstream stream(path, std::ios::binary | std::ios::trunc);
+  if (stream) stream << text;
+  if (!stream || !stream.flush()) {
+    throw IoError("cli", "cannot write the " + std::string(what) + " to " + path);
+  }
 }
 
 // Where the default graph may live: the source tree this binary was built from,
@@ -102,6 +114,73 @@ Graph load_verified(const std::string& path) {
   return graph;
 }
 
+// What `simulate` and `plan` share: the device and the pictures of the step.
+struct SimArgs {
+  std::string device_profile;  // empty: h200_profile()
+  std::string trace;           // Chrome trace JSON, when not empty
+  std::string timeline;        // memory SVG, when not empty
+
+  bool wants_timeline() const { return !trace.empty() || !timeline.empty(); }
+};
+
+DeviceProfile load_profile(const SimArgs& args) {
+  if (args.device_profile.empty()) return h200_profile();
+  require_readable_file(args.device_profile, "device profile");
+  return load_device_profile(args.device_profile);
+}
+
+void add_sim_options(CLI::App& command, SimArgs& args) {
+  command.add_option("--device-profile", args.device_profile,
+                     "Device profile JSON (docs/device-profile.md) to simulate on (default: the "
+                     "built-in NVIDIA H200 profile)");
+  command.add_option("--trace", args.trace,
+                     "Write the simulated step as a Chrome trace (Perfetto, chrome://tracing) "
+                     "to OUT.json");
+  command.add_option("--timeline", args.timeline,
+                     "Write a picture of live device memory over the step to OUT.svg");
+}
+
+// Writes what `args` asks for from `result` (simulated with record_timeline)
+// and returns one line per file written.
+std::string write_sim_outputs(const SimArgs& args, const Graph& graph, const SimResult& result,
+                              std::string_view title) {
+  std::string written;
+  if (!args.trace.empty()) {
+    write_text_file(args.trace, chrome_trace(graph, result), "trace");
+    written += "wrote the trace to " + args.trace + "\n";
+  }
+  if (!args.timeline.empty()) {
+    write_text_file(args.timeline, memory_svg(graph, result, title), "timeline");
+    written += "wrote the memory timeline to " + args.timeline + "\n";
+  }
+  return written;
+}
+
+// Simulates `graph` and the plan's rewrite of it on `profile`; replayed values
+// are the rewritten graph's recomputation. Only the rewritten graph's timeline
+// is kept, and only when `record_timeline`.
+Forecast forecast_plan(const Graph& graph, const PlanResult& result, const DeviceProfile& profile,
+                       bool record_timeline) {
+  const CostModel cost(profile);
+  Forecast forecast;
+  forecast.device = profile.name;
+  SimOptions original_options;
+  original_options.record_timeline = false;
+  forecast.original = simulate(graph, cost, original_options);
+  SimOptions rewritten_options;
+  rewritten_options.record_timeline = record_timeline;
+  for (const Replay& replay : result.plan.replays) {
+    rewritten_options.recomputed.push_back(replay.replay_node);
+  }
+  forecast.rewritten = simulate(result.graph, cost, rewritten_options);
+  return forecast;
+}
+
+// The graph's name, or its file's when it has none: the pictures' titles.
+std::string display_name(const Graph& graph, const std::string& path) {
+  return graph.name.empty() ? fs::path(path).filename().string() : graph.name;
+}
+
 struct PlanArgs {
   std::string graph_path;
   std::string scope;
@@ -117,6 +196,7 @@ struct PlanArgs {
   bool replay_pointwise = false;
   bool json = false;
   std::string emit_graph;
+  SimArgs sim;
 };
 
 ActivationPlanOptions to_options(const PlanArgs& args) {
@@ -170,6 +250,7 @@ std::string default_scope(const Graph& graph) {
 
 int run_plan(const PlanArgs& args) {
   ActivationPlanOptions options = to_options(args);
+  const DeviceProfile profile = load_profile(args.sim);
   const std::string path = args.graph_path.empty() ? resolve_default_graph() : args.graph_path;
   const Graph graph = load_verified(path);
   std::string scope_note;
@@ -181,16 +262,47 @@ int run_plan(const PlanArgs& args) {
   verify_offload_graph(graph, result.graph);
   if (!args.emit_graph.empty()) save_graph(result.graph, args.emit_graph);
 
+  const Forecast forecast = forecast_plan(graph, result, profile, args.sim.wants_timeline());
+  const std::string title =
+      display_name(graph, path) +
+      (options.mode == ActivationMode::kNone
+           ? std::string(", not planned")
+           : ", " + std::to_string(result.plan.offloads.size()) + " values of " +
+                 options.scope + " moved") +
+      " (" + profile.name + ")";
+  const std::string written = write_sim_outputs(args.sim, result.graph, forecast.rewritten, title);
+
   if (args.json) {
-    std::cout << format_plan_json(graph, result) << "\n";
+    std::cout << format_plan_json(graph, result, &forecast) << "\n";
   } else {
     std::cout << "file:               " << path << "\n"
-              << format_plan_text(graph, result, scope_note);
+              << format_plan_text(graph, result, scope_note) << "\n"
+              << format_forecast_text(graph, result.graph, forecast);
     if (!args.emit_graph.empty()) {
       std::cout << "\nwrote the rewritten graph (" << result.graph.nodes.size() << " nodes) to "
                 << args.emit_graph << "\n";
     }
+    if (!written.empty()) std::cout << (args.emit_graph.empty() ? "\n" : "") << written;
   }
+  return kExitOk;
+}
+
+struct SimulateArgs {
+  std::string graph_path;
+  SimArgs sim;
+};
+
+int run_simulate(const SimulateArgs& args) {
+  const DeviceProfile profile = load_profile(args.sim);
+  const Graph graph = load_verified(args.graph_path);
+  SimOptions options;
+  options.record_timeline = args.sim.wants_timeline();
+  const SimResult result = simulate(graph, CostModel(profile), options);
+  const std::string title = display_name(graph, args.graph_path) + " (" + profile.name + ")";
+  const std::string written = write_sim_outputs(args.sim, graph, result, title);
+  std::cout << "file:               " << args.graph_path << "\n"
+            << format_sim_text(graph, result, profile);
+  if (!written.empty()) std::cout << "\n" << written;
   return kExitOk;
 }
 
@@ -241,7 +353,7 @@ int run_guarded(Action&& action) {
 int main_impl(int argc, char** argv) {
   CLI::App app{
       "spillway: plan which saved activations of a PyTorch joint forward+backward "
-      "graph move to pinned host memory."};
+      "graph move to pinned host memory, and forecast what that does to a step."};
   app.footer(kExitCodeHelp);
   app.require_subcommand(1);
 
@@ -284,6 +396,19 @@ int main_impl(int argc, char** argv) {
   plan->add_flag("--json", plan_args.json, "Print a JSON object instead of the text summary");
   plan->add_option("--emit-graph", plan_args.emit_graph,
                    "Write the rewritten graph to OUT (.json, or .json.zst to compress)");
+  add_sim_options(*plan, plan_args.sim);
+
+  SimulateArgs simulate_args;
+  CLI::App* simulate_command = app.add_subcommand(
+      "simulate",
+      "Simulate one step of GRAPH on a device's compute and copy streams and print the "
+      "predicted step time, the peak of device memory and the bytes moved.");
+  simulate_command->footer(kExitCodeHelp);
+  simulate_command
+      ->add_option("GRAPH", simulate_args.graph_path,
+                   "Graph file (.json or .json.zst), original or rewritten by a plan")
+      ->required();
+  add_sim_options(*simulate_command, simulate_args.sim);
 
   std::string validate_path;
   CLI::App* validate = app.add_subcommand(
@@ -299,6 +424,7 @@ int main_impl(int argc, char** argv) {
   }
   plan_args.scope_given = plan->count("--scope") > 0;
   if (*plan) return run_guarded([&] { return run_plan(plan_args); });
+  if (*simulate_command) return run_guarded([&] { return run_simulate(simulate_args); });
   return run_guarded([&] { return run_validate(validate_path); });
 }
 

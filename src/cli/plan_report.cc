@@ -94,6 +94,33 @@ std::string pad(const std::string& text, std::size_t width) {
   return text.size() >= width ? text : text + std::string(width - text.size(), ' ');
 }
 
+nlohmann::json sim_json(const NodeIndex& index, const SimResult& result) {
+  return {
+      {"step_ms", result.step_ms},
+      {"peak_bytes", result.peak_bytes},
+      {"peak_node", result.peak_node},
+      {"peak_node_name", node_name(index, result.peak_node)},
+      {"peak_phase", std::string(to_string(result.peak_phase))},
+      {"peak_time_ms", result.peak_time_ms},
+      {"compute_wait_ms", result.compute_wait_ms},
+      {"recompute_ms", result.recompute_ms},
+      {"bytes_d2h", result.bytes_d2h},
+      {"bytes_h2d", result.bytes_h2d},
+      {"host_peak_bytes", result.host_peak_bytes},
+  };
+}
+
+nlohmann::json forecast_json(const Graph& original, const Graph& rewritten,
+                             const Forecast& forecast) {
+  return {
+      {"device", forecast.device},
+      {"original", sim_json(index_nodes(original), forecast.original)},
+      {"rewritten", sim_json(index_nodes(rewritten), forecast.rewritten)},
+      {"step_ms_change", forecast.rewritten.step_ms - forecast.original.step_ms},
+      {"peak_bytes_change", forecast.rewritten.peak_bytes - forecast.original.peak_bytes},
+  };
+}
+
 }  // namespace
 
 std::string human_bytes(std::int64_t bytes) {
@@ -218,7 +245,8 @@ std::string format_plan_text(const Graph& original, const PlanResult& result,
   return out.str();
 }
 
-std::string format_plan_json(const Graph& original, const PlanResult& result) {
+std::string format_plan_json(const Graph& original, const PlanResult& result,
+                             const Forecast* forecast) {
   using nlohmann::json;
   const Plan& plan = result.plan;
   const NodeIndex index = index_nodes(result.graph);
@@ -310,6 +338,7 @@ std::string format_plan_json(const Graph& original, const PlanResult& result) {
       {"skipped_large", std::move(skipped_large)},
       {"decisions", std::move(decisions)},
   };
+  if (forecast != nullptr) out["forecast"] = forecast_json(original, result.graph, *forecast);
   return out.dump(2);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "cli/sim_report.h"
 #include "spillway/graph.h"
 #include "spillway/plan.h"
 
@@ -32,7 +33,9 @@ inline constexpr int kSkipExamplesPerRule = 3;
 std::string format_plan_text(const Graph& original, const PlanResult& result,
                              std::string_view scope_note = {});
 
-// The same facts as one JSON object (see README.md, "spillway plan --json").
-std::string format_plan_json(const Graph& original, const PlanResult& result);
+// The same facts as one JSON object (see README.md, "spillway plan --json");
+// with a `forecast`, also its numbers under "forecast".
+std::string format_plan_json(const Graph& original, const PlanResult& result,
+                             const Forecast* forecast = nullptr);
 
 }  // namespace spillway::cli
