@@ -30,7 +30,8 @@ import time
 import torch
 import transformers
 
-from spillway import _C, compiled
+from spillway import _C
+from spillway.activations import compiled
 
 _RELOAD_ARG = re.compile(r"\s*buf\d+ = torch\.ops\.spillway\.reload\.default\((\w+)")
 _ALIAS = re.compile(r"\s*(\w+) = (?:reinterpret_tensor\()?(\w+)\b")

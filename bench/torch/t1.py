@@ -19,7 +19,7 @@ BENCHMARKS.md). Methods:
                          (non-reentrant), HF's gradient_checkpointing_enable
   ckpt:layers=0-3        eager, only the named decoder layers checkpointed
   save-on-cpu            eager, torch.autograd.graph.save_on_cpu(pin_memory=True)
-  spillway-eager         eager, spillway.eager.offload_activations; options
+  spillway-eager         eager, spillway.offload_activations; options
                          after a colon: spillway-eager:scope=*,layers=0-2,lag=8,prefetch=4
                          (0-2: a range, a+b: a list, none: None)
   compiled               torch.compile (inductor), nothing
@@ -27,7 +27,7 @@ BENCHMARKS.md). Methods:
   compiled-pt-offload    torch.compile with PyTorch's own activation offload
                          (torch._functorch.config.enable_activation_offloading,
                          separate stream, sink wait, reload prefetch)
-  spillway-compiled      spillway.compiled.compile; options after a colon
+  spillway-compiled      spillway.compile; options after a colon
 
 --flat-steps N (or the method option flat=N) runs N more steps for spillway
 methods and records, per step,
@@ -135,7 +135,7 @@ def _step_fn(name: str, options: dict, model, device: str):
                 return plain(ids)
         return step, dict
     if name == "spillway-eager":
-        from spillway import eager
+        from spillway.activations import eager
 
         def step(ids):
             with eager.offload_activations(model, device=device, **options) as ctx:
@@ -154,7 +154,7 @@ def _step_fn(name: str, options: dict, model, device: str):
         compiled = torch.compile(model)
         return (lambda ids: compiled(input_ids=ids, labels=ids).loss), dict
     if name == "spillway-compiled":
-        from spillway import compiled as sc
+        from spillway.activations import compiled as sc
         fn = sc.compile(model, **options)
         def plan_stats():
             plans = sc.last_plans()

@@ -7,8 +7,9 @@
     compiled = spillway.compile(model, scope="self_attn")           # torch.compile
 
 The submodules load lazily (importing spillway alone stays cheap and does not
-import torch): spillway.eager, spillway.compiled, spillway.ops (the custom
-ops), spillway.fx_export (the FX graph exporter).
+import torch): spillway.activations (eager.py, compiled.py: activation
+offload), spillway.ops (the custom ops), spillway.fx_export (the FX graph
+exporter).
 """
 
 __version__ = "0.1.0"
@@ -18,9 +19,9 @@ __all__ = ["offload_activations", "compile"]
 
 def __getattr__(name):
     if name == "offload_activations":
-        from spillway.eager import offload_activations
+        from spillway.activations.eager import offload_activations
         return offload_activations
     if name == "compile":
-        from spillway.compiled import compile
+        from spillway.activations.compiled import compile
         return compile
     raise AttributeError(f"module 'spillway' has no attribute {name!r}")

@@ -5,7 +5,7 @@
 
 Builds a Llama-style model with random weights (bf16, SDPA attention) on the
 GPU, runs forward + backward once without offload and once under
-spillway.eager.offload_activations, and prints: whether the loss and every
+spillway.offload_activations, and prints: whether the loss and every
 gradient are bitwise equal, the step times, the peak memory above the weights
 of each run and the bytes that went to pinned host memory. Exits 1 when the
 results differ.
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prefetch", type=int, default=1,
                         help="layers ahead that backward reloads (default %(default)s)")
     args = parser.parse_args(argv)
-    from spillway import eager
+    from spillway.activations import eager
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     big = device == "cuda"

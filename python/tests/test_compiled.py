@@ -1,4 +1,5 @@
-"""spillway.compiled: activation offload planned into torch.compile's joint graph.
+"""spillway.compile (activations/compiled.py): activation offload planned into
+torch.compile's joint graph.
 
 Properties checked on a tiny HF Llama: the loss and every gradient are
 bit-equal to the same model compiled without offload (and to eager where the
@@ -14,7 +15,7 @@ check in bf16 and measure the peak memory the offload saves.
 
 The seed policy chooses real activations on HF Llama under scope "mlp"
 (gate/up projections, SiLU, the gated product); with replay_pointwise (on by
-default in spillway.compiled) only the projections move, and the SiLU and the
+default in spillway.compile) only the projections move, and the SiLU and the
 product are recomputed in backward from their reloads. Under "self_attn" it chooses
 nothing (SDPA returns a tuple, rotary Q/K are not contiguous), which makes it
 the "nothing chosen" case, until the planner's opt-in relaxations
@@ -35,11 +36,12 @@ import pytest
 import torch
 
 if os.environ.get("SPILLWAY_REQUIRE_EXTENSION") == "1":
-    from spillway import compiled  # scripts/test built it: failing to import is a failure
+    # scripts/test built it: failing to import is a failure
+    from spillway.activations import compiled
 else:
     compiled = pytest.importorskip(
-        "spillway.compiled", reason="spillway._C is not built (cmake --preset python && "
-        "cmake --build --preset python)", exc_type=ImportError)
+        "spillway.activations.compiled", reason="spillway._C is not built (cmake --preset "
+        "python && cmake --build --preset python)", exc_type=ImportError)
 transformers = pytest.importorskip("transformers")
 
 from spillway import _C  # noqa: E402

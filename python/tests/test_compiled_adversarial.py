@@ -1,4 +1,4 @@
-"""spillway.compiled where autograd and the compiler get awkward.
+"""spillway.compile (activations/compiled.py) where autograd and the compiler get awkward.
 
 Each test is one situation, on a toy model whose scope modules are named
 "mlp": backward twice with retain_graph, gradient accumulation, a forward
@@ -35,11 +35,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 if os.environ.get("SPILLWAY_REQUIRE_EXTENSION") == "1":
-    from spillway import compiled  # scripts/test built it: failing to import is a failure
+    # scripts/test built it: failing to import is a failure
+    from spillway.activations import compiled
 else:
     compiled = pytest.importorskip(
-        "spillway.compiled", reason="spillway._C is not built (cmake --preset python && "
-        "cmake --build --preset python)", exc_type=ImportError)
+        "spillway.activations.compiled", reason="spillway._C is not built (cmake --preset "
+        "python && cmake --build --preset python)", exc_type=ImportError)
 
 from spillway import _C  # noqa: E402
 from _models import SyntheticGrad, fresh_dynamo  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""spillway.eager.offload_activations on tiny Hugging Face models.
+"""spillway.offload_activations (activations/eager.py) on tiny Hugging Face models.
 
 Properties: the loss and every gradient are bit-equal to the run without
 offload, on every iteration (the first too), with and without random copy
@@ -24,7 +24,7 @@ else:
         "cmake --build --preset python)", exc_type=ImportError)
 
 from spillway import _C  # noqa: E402
-from spillway.eager import offload_activations  # noqa: E402
+from spillway.activations.eager import offload_activations  # noqa: E402
 
 from _models import deterministic_cuda, tiny_gpt2, tiny_llama  # noqa: E402
 

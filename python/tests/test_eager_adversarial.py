@@ -1,4 +1,4 @@
-"""spillway.eager.offload_activations where autograd gets awkward.
+"""spillway.offload_activations (activations/eager.py) where autograd gets awkward.
 
 Each test is one situation: in-place writes after saving, checkpointing in
 both nestings, contexts on two models nested, forward without backward,
@@ -29,7 +29,7 @@ else:
         "cmake --build --preset python)", exc_type=ImportError)
 
 from spillway import _C  # noqa: E402
-from spillway.eager import _scope_modules, offload_activations  # noqa: E402
+from spillway.activations.eager import _scope_modules, offload_activations  # noqa: E402
 
 from _models import SyntheticGrad, tiny_llama  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""spillway.eager.offload_activations as a new user first calls it.
+"""spillway.offload_activations (activations/eager.py) as a new user first calls it.
 
 Every bad argument is a ValueError whose message starts with "[eager]" and
 names the argument and the value received; scope "*" finds the layers of a
@@ -20,7 +20,7 @@ from torch import nn
 # The adversarial module imports spillway.ops (or skips); its helpers serve here too.
 from test_eager_adversarial import D, _assert_same_grads, _grads, _input, no_leaks  # noqa: F401
 
-from spillway.eager import offload_activations  # noqa: E402
+from spillway.activations.eager import offload_activations  # noqa: E402
 
 
 def _seeded(build, seed=0):

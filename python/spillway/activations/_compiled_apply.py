@@ -23,7 +23,7 @@ separate add instead of one addmm, and its weight gradient moved in the last
 bits (a custom autograd.Function in a residual layer, CPU, 2026-11-30). So
 the FX wait gets no last_use; it sits right after the last use in graph order,
 which the partitioner keeps and aot_eager runs as is, and
-spillway._compiled_inductor keeps it after the value's last reader under
+_compiled_inductor.py keeps it after the value's last reader under
 Inductor with ordering-only dependencies, which change no fusion.
 
 A replay copies a forward FX node: a replayed view ("spillway_replay_<name>")

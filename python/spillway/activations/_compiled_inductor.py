@@ -32,7 +32,7 @@ operation lowered before it and, from every operation lowered after it up to
 its wait, on the reload: it runs where the FX graph placed it, after the
 compute the plan anchored it to and before the compute it prefetches ahead
 of. Where Inductor has no additional_buffer_deps (older torch),
-pins_supported() is False and spillway.compiled turns the peak-memory
+pins_supported() is False and compiled.py turns the peak-memory
 reordering off instead, which keeps FX order.
 
 The forward wait has no last_use under Inductor (Note [Forward wait without
@@ -46,7 +46,7 @@ the wait runs where the plan put it and no earlier, and since the pins are
 ordering-only, Inductor fuses and computes exactly as without offload.
 
 Lowerings are per operator and process-wide; they behave as the default
-fallback for graphs that spillway.compiled did not edit (a wait whose first
+fallback for graphs that compiled.py did not edit (a wait whose first
 argument is not an offload lowered here keeps its own keepalive; a reload
 outside an edited graph is pinned the same way, which only restates FX order).
 """
@@ -91,7 +91,7 @@ def place_forward_waits(graph: torch.fx.Graph) -> int:
     A reader is any node but spillway's own that takes a value on the offloaded
     value's storage (the value or a view of it).
     """
-    from spillway._compiled_cse import storage_of as storage
+    from spillway.activations._compiled_cse import storage_of as storage
 
     offload_op = torch.ops.spillway.offload.default
     wait_op = torch.ops.spillway.wait_tensor.default

@@ -1,6 +1,6 @@
 """Eager activation offload: saved tensors of chosen modules go to host memory.
 
-    with spillway.eager.offload_activations(model, scope="self_attn", min_bytes=1 << 20):
+    with spillway.offload_activations(model, scope="self_attn", min_bytes=1 << 20):
         loss = model(x).loss
     loss.backward()
 
@@ -93,8 +93,8 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from spillway import ops
-from spillway._module_labels import leaf_name, module_labels
-from spillway._eager_store import _Entry, _Handle, _Kept, _Layer, version_witness
+from spillway.activations._module_labels import leaf_name, module_labels
+from spillway.activations._eager_store import _Entry, _Handle, _Kept, _Layer, version_witness
 
 __all__ = ["offload_activations", "OffloadActivations"]
 

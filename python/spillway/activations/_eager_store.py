@@ -1,4 +1,4 @@
-"""What spillway.eager keeps for each saved tensor: handles, offloaded storages, layers.
+"""What eager.py keeps for each saved tensor: handles, offloaded storages, layers.
 
 Three objects, owned in one direction only (autograd -> handle -> entry -> host copy):
 

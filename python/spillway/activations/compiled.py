@@ -1,10 +1,11 @@
 """Activation offload under torch.compile: the compiled-graph pass.
 
-    import spillway.compiled
-    model = spillway.compiled.compile(model, scope="self_attn", min_bytes=1 << 20)
+    import spillway
+    from spillway.activations import compiled
+    model = spillway.compile(model, scope="self_attn", min_bytes=1 << 20)  # compiled.compile
     loss = model(ids, labels=ids).loss
     loss.backward()
-    spillway.compiled.last_plans()   # what each compiled joint graph planned
+    compiled.last_plans()   # what each compiled joint graph planned
 
 For every joint forward+backward graph that aot_autograd builds, the pass
 exports the graph to the Spillway IR (spillway.fx_export), asks the C++
@@ -38,7 +39,7 @@ it out in a buffer written for the offload alone (dense_storages: the permute
 of rotary Q, computed in a pointwise kernel), which the keepalive, naming the
 FX value, would not cover; with that buffer reused before the wait, the tiny
 Llama's gradients were off by ~3e-3 under injected copy delays. So under
-Inductor the offload and wait are lowered by spillway._compiled_inductor: the
+Inductor the offload and wait are lowered by _compiled_inductor.py: the
 offload reads a buffer realised contiguous, and its wait keeps that very
 buffer alive.
 
@@ -75,9 +76,9 @@ import torch.fx
 
 from spillway import _C
 from spillway import ops as _ops  # registers the fake kernels  # noqa: F401
-from spillway._compiled_apply import EditReplayer
-from spillway._compiled_cse import merge_common_subexpressions
-from spillway._module_labels import leaf_name, module_labels
+from spillway.activations._compiled_apply import EditReplayer
+from spillway.activations._compiled_cse import merge_common_subexpressions
+from spillway.activations._module_labels import leaf_name, module_labels
 from spillway.fx_export import export_graph_module
 
 __all__ = ["CompiledPlan", "compile", "last_plans", "spillway_op_counts"]
@@ -304,7 +305,7 @@ def _is_backward_graph(graph: torch.fx.Graph) -> bool:
 
 def _inductor_backend(session: _Session, mode: str | None, options: dict | None,
                       dynamic: bool | None) -> Any:
-    from spillway import _compiled_inductor
+    from spillway.activations import _compiled_inductor
 
     def post_grad(graph: torch.fx.Graph) -> None:
         _compiled_inductor.place_forward_waits(graph)
@@ -313,7 +314,7 @@ def _inductor_backend(session: _Session, mode: str | None, options: dict | None,
     options = dict(options or {})
     for key in ("joint_custom_post_pass", "post_grad_custom_post_pass"):
         if options.get(key) is not None:
-            raise ValueError(f"[compiled] options['{key}'] is taken by spillway.compiled")
+            raise ValueError(f"[compiled] options['{key}'] is taken by spillway.compile")
     _compiled_inductor.install()
     if not _compiled_inductor.pins_supported():
         # Without ordering pins the peak-memory reordering hoists every reload to
