@@ -42,6 +42,7 @@ def capture_joint_graph(
     on_joint: JointCallback,
     dynamic: Sequence[tuple[int, int]] = (),
     decompositions: str | None = None,
+    on_graph_inputs: Callable[[list], None] | None = None,
 ) -> T:
     """Compile fn(*args, **kwargs) once and return on_joint's result for its joint graph.
 
@@ -51,6 +52,11 @@ def capture_joint_graph(
     the call runs under their fake mode, so no real memory is allocated.
     The forward runs once (on fake tensors when the inputs are fake); the
     backward never runs. Resets dynamo's caches before and after.
+    on_graph_inputs, when given, is called first with the inputs dynamo hands
+    its backend, in the order of the placeholders of dynamo's graph (the user's
+    inputs and the parameters and buffers it lifted): real tensors when the
+    call ran on real tensors. aot_autograd's joint graph takes them as its
+    primals after dropping repeats of one tensor (tied weights).
     Raises RuntimeError when no joint graph (no grad-requiring output) or more
     than one was produced.
     """
@@ -73,6 +79,13 @@ def capture_joint_graph(
         partition_fn=partition_fn,
         decompositions=_decomposition_table(decompositions),
     )
+    if on_graph_inputs is not None:
+        aot_backend = backend
+
+        def backend(gm, example_inputs):
+            on_graph_inputs(list(example_inputs))
+            return aot_backend(gm, example_inputs)
+
     fake_mode = torch._guards.detect_fake_mode(list(args) + list((kwargs or {}).values()))
     torch._dynamo.reset()
     try:
