@@ -24,9 +24,19 @@ using plan::BudgetProblem;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// "12.50 GiB", "300.00 MiB", "12.00 KiB", "512 B".
 std::string gib(std::int64_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / kGiB);
+  const double b = static_cast<double>(bytes);
+  if (b >= kGiB) {
+    std::snprintf(text, sizeof text, "%.2f GiB", b / kGiB);
+  } else if (b >= 1024.0 * 1024.0) {
+    std::snprintf(text, sizeof text, "%.2f MiB", b / (1024.0 * 1024.0));
+  } else if (b >= 1024.0) {
+    std::snprintf(text, sizeof text, "%.2f KiB", b / 1024.0);
+  } else {
+    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  }
   return text;
 }
 

@@ -75,6 +75,7 @@ import torch
 import torch.fx
 
 from spillway import _C
+from spillway._budget import budget_bytes, parse_memory_budget
 from spillway import ops as _ops  # registers the fake kernels  # noqa: F401
 from spillway.activations._compiled_apply import EditReplayer
 from spillway.activations._compiled_cse import merge_common_subexpressions
@@ -116,6 +117,34 @@ class CompiledPlan:
     forward_replays: list[str] = dataclasses.field(default_factory=list)
     backward_replays: list[str] = dataclasses.field(default_factory=list)
     scope_in_graph: bool = True
+    # memory_budget mode: the budget planner's result for this graph (the
+    # JSON of spillway._C.plan_memory_budget as a dict), and where the
+    # partitioned forward departs from it (filled in when the forward compiles).
+    budget: dict | None = None
+    departures: list[str] = dataclasses.field(default_factory=list)
+
+    def forecast(self) -> dict:
+        """What the budget planner predicts for this graph's step: step_ms, peak_bytes,
+        peak_node, peak_phase, bytes_offloaded, bytes_recomputed, recompute_ms,
+        compute_wait_ms, and the budget. ValueError outside memory_budget mode."""
+        if self.budget is None:
+            raise ValueError("[compiled] forecast() needs spillway.compile(..., memory_budget=...)")
+        return dict(self.budget["forecast"], budget_bytes=self.budget["budget_bytes"],
+                    baseline=self.budget["baseline"])
+
+    def chrome_trace(self, path: str) -> None:
+        """Writes the simulated step of this graph's plan as a Chrome trace (Perfetto)."""
+        self._write("chrome_trace", path)
+
+    def memory_svg(self, path: str) -> None:
+        """Writes the picture of live device memory over the simulated step."""
+        self._write("memory_svg", path)
+
+    def _write(self, key: str, path: str) -> None:
+        if self.budget is None or key not in self.budget:
+            raise ValueError(f"[compiled] {key}() needs spillway.compile(..., memory_budget=...)")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.budget[key])
 
     @property
     def chosen(self) -> list[str]:
@@ -191,8 +220,12 @@ def _guarded(compile_graph: Callable[..., Any], gm: Any, example_inputs: Any) ->
 class _Session:
     """The options of one compile() call and the plans of the graphs it compiled."""
 
-    def __init__(self, plan_options: dict, module_names: dict | None) -> None:
+    def __init__(self, plan_options: dict, module_names: dict | None,
+                 budget: dict | None = None) -> None:
         self.plan_options = plan_options
+        # memory_budget mode: {"spec": parse_memory_budget(...), "options": the
+        # budget planner's keyword arguments}; None: the scope policy.
+        self.budget = budget
         self.module_names = module_names
         self.plans: list[CompiledPlan] = []
         self.lock = threading.Lock()
@@ -214,6 +247,9 @@ class _Session:
         merged = merge_common_subexpressions(graph)
         exported = export_graph_module(gm, module_names=self.module_names,
                                        name="torch.compile joint graph")
+        if self.budget is not None:
+            self._budget_pass(graph, gm, exported, merged)
+            return
         scope = self.plan_options["scope"]
         in_graph = _scope_in_graph(exported, scope)
         options = self.plan_options if in_graph else dict(self.plan_options, mode="none")
@@ -231,6 +267,41 @@ class _Session:
             graph.lint()
             gm.recompile()
         record = CompiledPlan(plan, scope_in_graph=in_graph)
+        with self.lock:
+            self.plans.append(record)
+            self.pending_forward = record
+            self.pending_backward.append((record, frozenset(n.name for n in graph.nodes)))
+
+    def _budget_pass(self, graph: torch.fx.Graph, gm: Any, exported: dict, merged: bool) -> None:
+        """memory_budget mode: keep / offload / recompute per saved value (budget.h)."""
+        text = json.dumps(exported)
+        options = self.budget["options"]
+        spec = self.budget["spec"]
+        if spec[0] == "fraction":
+            simulated = json.loads(_C.simulate_graph(
+                text, device_profile_json=options["device_profile_json"]))
+            budget = budget_bytes(spec, simulated["peak_bytes"])
+        else:
+            budget = budget_bytes(spec, 0)
+        try:
+            plan = json.loads(_C.plan_memory_budget(text, budget, trace=True,
+                                                    svg_title="torch.compile joint graph",
+                                                    **options))
+        except ValueError as e:
+            if "no repeated blocks" in str(e) or "matches no module" in str(e):
+                plan = None  # a piece of the model without its blocks (a graph break)
+            else:
+                raise _PlanRejected(e) from e
+        except MemoryError as e:
+            raise _PlanRejected(ValueError(str(e))) from e
+        if plan is not None and plan["edit_list"]:
+            EditReplayer(graph).apply(plan["edit_list"])
+        if (plan is not None and plan["edit_list"]) or merged:
+            graph.lint()
+            gm.recompile()
+        summary = {"edit_list": plan["edit_list"] if plan else [], "offloads": [],
+                   "bytes_offloaded": plan["forecast"]["bytes_offloaded"] if plan else 0}
+        record = CompiledPlan(summary, scope_in_graph=plan is not None, budget=plan)
         with self.lock:
             self.plans.append(record)
             self.pending_forward = record
@@ -256,6 +327,8 @@ class _Session:
                     record.forward_ops = counts
                     record.forward_outputs = _output_names(graph)
                     record.forward_replays = replays
+                    if record.budget is not None:
+                        record.departures = _departures(record.budget, record.forward_outputs)
 
 
 _latest: _Session | None = None
@@ -353,6 +426,22 @@ def _aot_eager_backend(session: _Session) -> Any:
     return lambda gm, example_inputs: _guarded(backend, gm, example_inputs)
 
 
+def _departures(plan: dict, saved: list[str]) -> list[str]:
+    """Where the partitioned forward departs from the budget plan: a value the plan
+    keeps that the partitioner recomputes anyway (frees more than planned), or a
+    value the plan offloads or recomputes that the forward still saves on the
+    device (frees less). One line each."""
+    saved_names = set(saved)
+    lines = []
+    for choice in plan["choices"]:
+        name, decision = choice["name"], choice["decision"]
+        if decision == "keep" and name not in saved_names:
+            lines.append(f"{name}: kept by the plan, recomputed by the partitioner")
+        elif decision in ("offload", "recompute") and name in saved_names:
+            lines.append(f"{name}: {decision} in the plan, saved on the device by the partitioner")
+    return lines
+
+
 def _scope_in_graph(exported: dict, scope: str) -> bool:
     """Whether a module named `scope` (its last component) runs in the exported graph."""
     return any(leaf_name(path) == scope
@@ -381,6 +470,40 @@ def _check_types(plan_options: dict, backend: Any) -> None:
                          f"{shown(backend)}")
 
 
+def _budget_session(memory_budget: Any, allow_offload: Any, allow_recompute: Any,
+                    device_profile: Any, scope: Any, min_bytes: Any, prefetch: Any,
+                    release_lag: Any) -> dict:
+    """The memory_budget options, checked now (ValueError naming the bad one)."""
+    spec = parse_memory_budget(memory_budget)
+    for name, value in (("allow_offload", allow_offload), ("allow_recompute", allow_recompute)):
+        if not isinstance(value, bool):
+            raise ValueError(f"[compiled] {name} must be a bool, got {value!r}")
+    if not (allow_offload or allow_recompute):
+        raise ValueError("[compiled] allow_offload and allow_recompute are both False: nothing "
+                         "could meet a memory budget")
+    profile = ""
+    if device_profile is not None:
+        if not isinstance(device_profile, str):
+            raise ValueError(f"[compiled] device_profile must be a path, got {device_profile!r}")
+        try:
+            with open(device_profile, encoding="utf-8") as f:
+                profile = f.read()
+        except OSError as e:
+            raise ValueError(f"[compiled] device_profile {device_profile!r}: {e}") from e
+    options = {"scope": scope or "", "allow_offload": allow_offload,
+               "allow_recompute": allow_recompute, "prefetch_regions": prefetch,
+               "release_lag": release_lag, "min_bytes": min_bytes,
+               "device_profile_json": profile}
+    # Out-of-range options fail now, on a probe graph, with the planner's message.
+    probe = {"format": "spillway.graph", "version": 1, "nodes": [
+        {"id": 0, "name": "x", "kind": "placeholder", "target": "x"}]}
+    try:
+        _C.simulate_graph(json.dumps(probe), device_profile_json=profile)
+    except ValueError as e:
+        raise ValueError(f"[compiled] device_profile {device_profile!r}: {e}") from e
+    return {"spec": spec, "options": options}
+
+
 def _check_options(plan_options: dict) -> None:
     """Raises the planner's ValueError now for options out of range."""
     probe = {"format": "spillway.graph", "version": 1, "nodes": [
@@ -402,7 +525,9 @@ def _check_scope_in_model(model: torch.nn.Module, module_names: dict, scope: str
                      f"{module_labels(model)}")
 
 
-def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: int = 0,
+def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool = True,
+            allow_recompute: bool = True, device_profile: str | None = None,
+            scope: str | None = None, host_budget_bytes: int = 0,
             min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
             release_lag: int = 1,
             offload_tuple_outputs: bool = False,
@@ -411,7 +536,20 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
             dynamic: bool | None = None, **torch_compile_kwargs: Any) -> Any:
     """torch.compile(model_or_fn) with activation offload planned into every joint graph.
 
-    scope: leaf module name whose activations may move ("self_attn", "mlp").
+    memory_budget: the peak device memory the step may use: bytes (int), a
+    string ("12GiB", "800MiB"), or a fraction of the no-offload peak (0.6,
+    "60%"). With it, the budget planner (include/spillway/budget.h) decides
+    per saved activation of the model's repeated blocks: keep, offload
+    (allow_offload) or recompute in backward (allow_recompute), the fastest
+    plan whose simulated peak fits, simulated on device_profile (a device
+    profile JSON file, docs/device-profile.md; default: the shipped H200
+    one). scope then only restricts the candidates. A fraction is taken of
+    each joint graph's simulated peak; bytes apply to each graph. Each
+    graph's plan says what it predicts (last_plans()[i].forecast()) and where
+    the partitioner departed from it (.departures). Without memory_budget:
+    the scope policy below.
+    scope: leaf module name whose activations may move ("self_attn", "mlp");
+    default "self_attn" without memory_budget, every block with it.
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
     min_bytes: smallest activation worth a transfer. prefetch: how many scope
     regions early each reload starts. prefetch_anchor: where a prefetched
@@ -449,6 +587,12 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     Thread-safety: as torch.compile.
     """
     global _latest
+    budget = None
+    if memory_budget is not None:
+        budget = _budget_session(memory_budget, allow_offload, allow_recompute, device_profile,
+                                 scope, min_bytes, prefetch, release_lag)
+    if scope is None:
+        scope = "self_attn"
     plan_options = {"scope": scope, "host_budget_bytes": host_budget_bytes,
                     "min_bytes": min_bytes, "prefetch_regions": prefetch,
                     "prefetch_anchor": prefetch_anchor, "release_lag": release_lag,
@@ -460,8 +604,9 @@ def compile(model_or_fn: Any, *, scope: str = "self_attn", host_budget_bytes: in
     module_names = None
     if isinstance(model_or_fn, torch.nn.Module):
         module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}
-        _check_scope_in_model(model_or_fn, module_names, scope)
-    session = _Session(plan_options, module_names)
+        if budget is None or budget["options"]["scope"]:
+            _check_scope_in_model(model_or_fn, module_names, scope)
+    session = _Session(plan_options, module_names, budget)
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
     if backend == "inductor":
