@@ -24,10 +24,14 @@ BENCHMARKS.md). Methods:
                          (0-2: a range, a+b: a list, none: None)
   compiled               torch.compile (inductor), nothing
   compiled-ckpt-full     torch.compile over the checkpointed layers
+  compiled-amb:budget=B  torch.compile with torch._functorch.config.activation_memory_budget = B
+                         (the min-cut partitioner's own memory budget, 0..1)
   compiled-pt-offload    torch.compile with PyTorch's own activation offload
                          (torch._functorch.config.enable_activation_offloading,
                          separate stream, sink wait, reload prefetch)
-  spillway-compiled      spillway.compile; options after a colon
+  spillway-compiled      spillway.compile; options after a colon, e.g.
+                         spillway-compiled:memory_budget=60%  (the budget planner; the
+                         plan's forecast is recorded beside the measurement)
 
 --flat-steps N (or the method option flat=N) runs N more steps for spillway
 methods and records, per step,
@@ -144,7 +148,10 @@ def _step_fn(name: str, options: dict, model, device: str):
             return loss
         step.last = None
         return step, lambda: (step.last.stats() if step.last is not None else {})
-    if name in ("compiled", "compiled-ckpt-full", "compiled-pt-offload"):
+    if name in ("compiled", "compiled-ckpt-full", "compiled-pt-offload", "compiled-amb"):
+        if name == "compiled-amb":
+            import torch._functorch.config as fconfig
+            fconfig.activation_memory_budget = float(options["budget"])
         if name == "compiled-pt-offload":
             import torch._functorch.config as fconfig
             fconfig.enable_activation_offloading = True
@@ -158,7 +165,12 @@ def _step_fn(name: str, options: dict, model, device: str):
         fn = sc.compile(model, **options)
         def plan_stats():
             plans = sc.last_plans()
+            budgets = [p for p in plans if p.budget is not None]
             return {"graphs": len(plans),
+                    "forecast": [p.forecast() for p in budgets],
+                    "decisions": [{d: sum(c["decision"] == d for c in p.budget["choices"])
+                                   for d in ("keep", "offload", "recompute")} for p in budgets],
+                    "departures": [p.departures[:20] for p in budgets],
                     "bytes_offloaded": sum(p.bytes_offloaded for p in plans),
                     "chosen": [name for p in plans for name in p.chosen][:64],
                     "forward_ops": [dict(p.forward_ops) for p in plans],
@@ -348,10 +360,36 @@ def render(results: list[dict], command: str) -> str:
             cells = [f"{a} / {b}" for a, b in (f["start_alloc_min_max"], f["peak_min_max"],
                                                 f["pinned_min_max"])]
             out.append(f"| {r['method']} | {f['steps']} | " + " | ".join(cells) + " |")
+    forecasts = [r for r in results if "error" not in r
+                 and (r.get("method_stats") or {}).get("forecast")]
+    if forecasts:
+        out.extend(_render_forecasts(forecasts))
     profiled = [r for r in results if r.get("profile")]
     if profiled:
         out.extend(_render_profiles(profiled, base))
     return "\n".join(out) + "\n"
+
+
+def _render_forecasts(results: list[dict]) -> list[str]:
+    """The budget planner's forecast beside the measurement (the largest graph's)."""
+    out = ["\nThe budget planner's forecast (simulated on the device profile) against the "
+           "measurement; peak = peak allocated, weights included:\n",
+           "| method | budget GiB | decisions keep/offload/recompute | predicted step ms | "
+           "measured | error | predicted peak GiB | measured | error | departures |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        stats = r["method_stats"]
+        i = max(range(len(stats["forecast"])), key=lambda k: stats["forecast"][k]["peak_bytes"])
+        f, d = stats["forecast"][i], stats["decisions"][i]
+        step, peak = r["step_ms_median"], r.get("peak_allocated_gib")
+        pred_peak = f["peak_bytes"] / GIB
+        step_err = f"{100 * (f['step_ms'] - step) / step:+.1f} %"
+        peak_err = f"{100 * (pred_peak - peak) / peak:+.1f} %" if peak else "-"
+        peak_cell = f"{peak:.2f}" if peak is not None else "-"
+        out.append(f"| {r['method']} | {f['budget_bytes'] / GIB:.2f} | {d['keep']}/{d['offload']}/"
+                   f"{d['recompute']} | {f['step_ms']:.1f} | {step:.1f} | {step_err} | "
+                   f"{pred_peak:.2f} | {peak_cell} | {peak_err} | {len(stats['departures'][i])} |")
+    return out
 
 
 def _render_profiles(profiled: list[dict], base: dict) -> list[str]:

@@ -44,21 +44,23 @@ std::string parse_error(const std::string& text) {
   return "(no error)";
 }
 
-TEST(DeviceProfile, H200ShipsTheMeasuredLinkAndDataSheetRoofline) {
+TEST(DeviceProfile, H200ShipsTheCalibratedProfile) {
+  // src/sim/profiles/nvidia-h200.json: `python -m spillway.calibrate` on the
+  // project's H200, 2026-12-01 (scripts/device-check, SPILLWAY_DEVICE_CHECK_ONLY=profile).
   const DeviceProfile& h200 = h200_profile();
   EXPECT_EQ(h200.name, "NVIDIA H200");
-  EXPECT_NE(h200.source.find("data-sheet"), std::string::npos);
-  EXPECT_NE(h200.source.find("2026-11-29-runtime-link-h200-run2.json"), std::string::npos);
-  EXPECT_DOUBLE_EQ(h200.matmul_tflops_bf16, 989);
-  EXPECT_DOUBLE_EQ(h200.matmul_tflops_fp32, 67);
-  EXPECT_DOUBLE_EQ(h200.memory_gbs, 4800);
-  EXPECT_DOUBLE_EQ(h200.launch_us, 5);
+  EXPECT_NE(h200.source.find("spillway.calibrate on 2026-12-01"), std::string::npos);
+  EXPECT_DOUBLE_EQ(h200.matmul_tflops_bf16, 691.3);
+  EXPECT_DOUBLE_EQ(h200.matmul_tflops_fp32, 50.99);
+  EXPECT_DOUBLE_EQ(h200.memory_gbs, 4224.9);
+  EXPECT_DOUBLE_EQ(h200.launch_us, 1.796);
   EXPECT_EQ(h200.allocation_granularity, 512);
-  // engine_event_gbs of the runtime at 1 MiB and 1 GiB; duplex is "both" / 2.
-  EXPECT_DOUBLE_EQ(h200.d2h.gbs(kMiB), 49.32);
-  EXPECT_DOUBLE_EQ(h200.h2d.gbs(1024 * kMiB), 54.87);
-  EXPECT_DOUBLE_EQ(h200.d2h_duplex.gbs(64 * kMiB), 96.61 / 2);
-  EXPECT_DOUBLE_EQ(h200.h2d_duplex.gbs(4 * kMiB), 92.72 / 2);
+  EXPECT_DOUBLE_EQ(h200.d2h.gbs(kMiB), 50.464);
+  EXPECT_DOUBLE_EQ(h200.h2d.gbs(256 * kMiB), 55.432);
+  EXPECT_DOUBLE_EQ(h200.d2h_duplex.gbs(64 * kMiB), 50.351);
+  EXPECT_DOUBLE_EQ(h200.h2d_duplex.gbs(4 * kMiB), 49.498);
+  // Beyond the last point the curve stays flat.
+  EXPECT_DOUBLE_EQ(h200.d2h.gbs(1024 * kMiB), 55.314);
 }
 
 TEST(DeviceProfile, WriteThenParseGivesTheSameProfile) {
