@@ -54,6 +54,13 @@ struct BudgetOptions {
   int prefetch_regions = 1;
   int release_lag = 1;
   std::int64_t min_bytes = 1 << 20;
+  // torch.compile mode: the min-cut partitioner recomputes cheap pointwise
+  // values on its own and Inductor fuses the recompute into backward kernels.
+  // Every candidate whose recompute is pointwise throughout (its op and the
+  // intermediates it needs) is then recomputed at no time cost from the
+  // start, and that state is the baseline: the plan a budget at or above its
+  // peak returns (with no edits: the partitioner does it).
+  bool partitioner_recomputes_pointwise = false;
 };
 
 // The verdict on one candidate.
@@ -83,7 +90,8 @@ struct Forecast {
 struct BudgetPlan {
   BudgetOptions options;
   std::vector<BudgetChoice> choices;  // every candidate, graph order
-  Forecast baseline;                  // the graph as given
+  Forecast baseline;                  // the graph as given (with the partitioner's
+                                      // pointwise recomputes in that mode)
   Forecast forecast;                  // the rewritten graph
   // The input with the decisions applied (passes verify_offload_graph), and
   // the nodes in it that recompute values (for SimOptions::recomputed).

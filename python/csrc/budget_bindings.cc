@@ -33,6 +33,7 @@ struct Knobs {
   std::string device_profile_json;
   bool trace = false;
   std::string svg_title;
+  bool partitioner = false;
 };
 
 BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
@@ -44,6 +45,7 @@ BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
   options.prefetch_regions = knobs.prefetch_regions;
   options.release_lag = knobs.release_lag;
   options.min_bytes = knobs.min_bytes;
+  options.partitioner_recomputes_pointwise = knobs.partitioner;
   return options;
 }
 
@@ -112,7 +114,7 @@ std::string guarded(Fn&& fn) {
   py::arg("scope") = "", py::arg("allow_offload") = true, py::arg("allow_recompute") = true, \
       py::arg("prefetch_regions") = 1, py::arg("release_lag") = 1,                           \
       py::arg("min_bytes") = std::int64_t{1} << 20, py::arg("device_profile_json") = "",     \
-      py::arg("trace") = false, py::arg("svg_title") = ""
+      py::arg("trace") = false, py::arg("svg_title") = "", py::arg("partitioner") = false
 
 }  // namespace
 
@@ -122,9 +124,9 @@ void init_budget(py::module_& m) {
       [](const std::string& graph_json, std::int64_t budget_bytes, const std::string& scope,
          bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
          std::int64_t min_bytes, const std::string& profile, bool trace,
-         const std::string& svg_title) {
-        const Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
-                          min_bytes, profile,       trace,           svg_title};
+         const std::string& svg_title, bool partitioner) {
+        const Knobs knobs{scope,   allow_offload, allow_recompute, prefetch_regions, release_lag,
+                          min_bytes, profile,     trace,           svg_title,        partitioner};
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
@@ -140,7 +142,8 @@ void init_budget(py::module_& m) {
       "(step_ms, peak_bytes, peak_node, peak_phase, bytes_offloaded, bytes_recomputed, "
       "recompute_ms, compute_wait_ms), min_reachable_bytes, recomputed_nodes, edit_list (as "
       "plan_activation_offload's), and with trace / svg_title the simulator's Chrome trace and "
-      "memory picture of the plan. device_profile_json empty: the shipped H200 profile. Raises "
+      "memory picture of the plan. device_profile_json empty: the shipped H200 profile. "
+      "partitioner: BudgetOptions::partitioner_recomputes_pointwise (torch.compile). Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");
   m.def(
@@ -148,9 +151,9 @@ void init_budget(py::module_& m) {
       [](const std::string& graph_json, const std::vector<std::int64_t>& budgets,
          const std::string& scope, bool allow_offload, bool allow_recompute, int prefetch_regions,
          int release_lag, std::int64_t min_bytes, const std::string& profile, bool trace,
-         const std::string& svg_title) {
-        const Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
-                          min_bytes, profile,       trace,           svg_title};
+         const std::string& svg_title, bool partitioner) {
+        const Knobs knobs{scope,   allow_offload, allow_recompute, prefetch_regions, release_lag,
+                          min_bytes, profile,     trace,           svg_title,        partitioner};
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);

@@ -205,6 +205,7 @@ struct PlanArgs {
   bool sweep = false;
   bool no_offload = false;
   bool no_recompute = false;
+  bool partitioner = false;
 };
 
 // `spillway plan --budget B` / `--sweep`: keep, offload or recompute per
@@ -216,6 +217,7 @@ int run_budget(const PlanArgs& args, const std::string& path, const Graph& graph
   options.scope = args.scope_given ? args.scope : std::string();
   options.allow_offload = !args.no_offload;
   options.allow_recompute = !args.no_recompute;
+  options.partitioner_recomputes_pointwise = args.partitioner;
   options.min_bytes = args.min_bytes;
   options.prefetch_regions = args.prefetch_regions;
   options.release_lag = args.release_lag_given ? args.release_lag : BudgetOptions{}.release_lag;
@@ -464,6 +466,9 @@ int main_impl(int argc, char** argv) {
   plan->add_flag("--no-offload", plan_args.no_offload, "With --budget/--sweep: never offload");
   plan->add_flag("--no-recompute", plan_args.no_recompute,
                  "With --budget/--sweep: never recompute");
+  plan->add_flag("--partitioner", plan_args.partitioner,
+                 "With --budget/--sweep: plan as for torch.compile, whose partitioner "
+                 "recomputes cheap pointwise values by itself at no cost");
   add_sim_options(*plan, plan_args.sim);
 
   SimulateArgs simulate_args;

@@ -37,6 +37,9 @@ struct ModelCandidate {
   bool can_offload = false;
   bool can_recompute = false;
   double recompute_ms = 0;         // the node and its intermediates
+  // Recomputed for free by torch.compile's partitioner (pointwise throughout;
+  // BudgetOptions::partitioner_recomputes_pointwise): recompute_ms is 0.
+  bool free_recompute = false;
   std::size_t last_forward = 0;    // a recomputed value is freed after it
   std::size_t offload_release = 0; // an offloaded value is freed after it
   std::size_t first_backward = 0;  // position of its first backward reader

@@ -112,9 +112,10 @@ BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& options,
   validate(options);
   verify_graph(graph);
   const BudgetProblem problem(graph, options, cost);
-  std::vector<Decision> state(problem.model().size(), Decision::kKeep);
-  if (problem.baseline().peak_bytes <= options.budget_bytes) {
-    BudgetPlan plan = problem.materialise(state);
+  std::vector<Decision> state = problem.initial();
+  if (problem.baseline_peak() <= options.budget_bytes) {
+    BudgetPlan plan = problem.unchanged();
+    plan.min_reachable_bytes = min_reachable(problem);
     return plan;
   }
   std::int64_t margin = 0;
@@ -125,7 +126,7 @@ BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& options,
                                   " (" + std::to_string(options.budget_bytes) +
                                   " bytes); the smallest reachable peak is " + gib(floor) + " (" +
                                   std::to_string(floor) + " bytes), the graph's own peak " +
-                                  gib(problem.baseline().peak_bytes));
+                                  gib(problem.baseline_peak()));
   }
   plan->min_reachable_bytes = min_reachable(problem);
   return std::move(*plan);
@@ -139,7 +140,7 @@ std::vector<BudgetPlan> sweep_memory_budget(const Graph& graph, const BudgetOpti
   validate(checked);
   verify_graph(graph);
   const BudgetProblem problem(graph, checked, cost);
-  const std::int64_t top = problem.baseline().peak_bytes;
+  const std::int64_t top = problem.baseline_peak();
   const std::int64_t floor = min_reachable(problem);
   if (budgets.empty()) {
     for (int i = 0; i < 10; ++i) {
@@ -150,13 +151,13 @@ std::vector<BudgetPlan> sweep_memory_budget(const Graph& graph, const BudgetOpti
   budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
 
   std::vector<BudgetPlan> plans;
-  std::vector<Decision> state(problem.model().size(), Decision::kKeep);
+  std::vector<Decision> state = problem.initial();
   std::int64_t margin = 0;
   for (std::int64_t budget : budgets) {
     if (budget <= 0) continue;
     std::optional<BudgetPlan> plan;
     if (budget >= top) {
-      plan = problem.materialise(std::vector<Decision>(problem.model().size(), Decision::kKeep));
+      plan = problem.unchanged();
     } else {
       plan = solve(problem, budget, state, margin);
     }

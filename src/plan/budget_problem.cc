@@ -10,6 +10,19 @@
 #include "spillway/error.h"
 
 namespace spillway::plan {
+namespace {
+
+// What Inductor fuses into its readers (partitioner_recomputes_pointwise):
+// ops tagged pointwise, and the dtype casts and selects it treats as such.
+bool fusible(const Graph& graph, const Node& node) {
+  const OpSchema* schema = graph.schema_of(node);
+  if (schema != nullptr && schema->is_pointwise) return true;
+  return node.target == "aten._to_copy.default" ||
+         node.target == "prims.convert_element_type.default" ||
+         node.target == "aten.where.self" || node.target == "aten.clone.default";
+}
+
+}  // namespace
 
 Forecast forecast_of(const Graph& graph, const SimResult& sim) {
   Forecast f;
@@ -39,6 +52,28 @@ BudgetProblem::BudgetProblem(const Graph& graph, const BudgetOptions& options, c
   collect_candidates();
   baseline_ = simulate(graph_, cost_, SimOptions{});
   build_model();
+  initial_.assign(model_->size(), Decision::kKeep);
+  for (std::size_t i = 0; i < model_->size(); ++i) {
+    if (model_->candidates()[i].free_recompute) initial_[i] = Decision::kRecompute;
+  }
+  baseline_forecast_ = forecast_of(graph_, baseline_);
+  baseline_simulation_ = baseline_;
+  if (std::find(initial_.begin(), initial_.end(), Decision::kRecompute) != initial_.end()) {
+    const BudgetPlan start = materialise(initial_);
+    baseline_forecast_ = start.forecast;
+    baseline_simulation_ = start.simulation;
+  }
+}
+
+BudgetPlan BudgetProblem::unchanged() const {
+  BudgetPlan plan;
+  plan.options = options_;
+  plan.choices = choices(initial_);
+  plan.baseline = baseline_forecast_;
+  plan.forecast = baseline_forecast_;
+  plan.graph = graph_;
+  plan.simulation = baseline_simulation_;
+  return plan;
 }
 
 std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& decisions) const {
@@ -65,7 +100,7 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
   BudgetPlan plan;
   plan.options = options_;
   plan.choices = choices(decisions);
-  plan.baseline = forecast_of(graph_, baseline_);
+  plan.baseline = baseline_forecast_;
   std::unordered_set<NodeId> offloaded, recomputed;
   std::vector<std::pair<NodeId, std::int64_t>> in_order;
   for (std::size_t i = 0; i < decisions.size(); ++i) {
@@ -112,6 +147,15 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
     plan.graph = apply_edits(graph_, plan.edits);
     for (const Edit& edit : plan.edits) {
       if (edit.kind == EditKind::kReplayOp) plan.recomputed_nodes.push_back(edit.node.id);
+    }
+    if (options_.partitioner_recomputes_pointwise) {
+      // Inductor fuses a pointwise recompute into the backward kernel that
+      // reads it: the copy takes no time of its own.
+      const std::unordered_set<NodeId> copies(plan.recomputed_nodes.begin(),
+                                              plan.recomputed_nodes.end());
+      for (Node& node : plan.graph.nodes) {
+        if (copies.count(node.id) && fusible(plan.graph, node)) node.time_ms = 0.0;
+      }
     }
   }
   SimOptions sim_options;
@@ -294,7 +338,21 @@ void BudgetProblem::build_model() {
       }
       c.can_recompute = found;
       if (!found) c.recompute_ms = 0;
+      if (found && options_.partitioner_recomputes_pointwise) {
+        bool pointwise = true;
+        for (const ReplayChoice& choice : probe.replays) {
+          pointwise = pointwise && fusible(graph_, index_.node(choice.producer));
+        }
+        if (pointwise) {
+          c.free_recompute = true;
+          c.recompute_ms = 0;
+        }
+      }
     }
+    // Under Inductor a value recomputed for free is computed inside its
+    // readers' kernels and never lands in memory of its own; offloading it
+    // would make it (and move bytes a fused kernel rebuilds).
+    if (c.free_recompute) c.can_offload = false;
     if (c.can_offload || c.can_recompute) model.push_back(std::move(c));
   }
   // Drop candidates that can do nothing; reindex the reads.

@@ -34,6 +34,13 @@ class BudgetProblem {
   const BudgetModel& model() const { return *model_; }
   // The full simulation of the graph as given.
   const SimResult& baseline() const { return baseline_; }
+  // What the plan leaves as it is: every candidate kept, but those the
+  // partitioner recomputes for free in that mode; its forecast and peak.
+  const std::vector<Decision>& initial() const { return initial_; }
+  const Forecast& baseline_forecast() const { return baseline_forecast_; }
+  std::int64_t baseline_peak() const { return baseline_forecast_.peak_bytes; }
+  // The plan of initial(): the graph unchanged, no edits, the baseline forecast.
+  BudgetPlan unchanged() const;
   // The choice per model candidate under `decisions`.
   std::vector<BudgetChoice> choices(const std::vector<Decision>& decisions) const;
   // The decisions as graph edits, applied and simulated in full.
@@ -61,6 +68,9 @@ class BudgetProblem {
   std::unordered_set<NodeId> saved_;  // forward tensor values backward reads
   SimResult baseline_;
   std::unique_ptr<BudgetModel> model_;
+  std::vector<Decision> initial_;
+  Forecast baseline_forecast_;
+  SimResult baseline_simulation_;  // of initial(), with its timeline
 };
 
 // The forecast part of a full simulation.

@@ -493,7 +493,7 @@ def _budget_session(memory_budget: Any, allow_offload: Any, allow_recompute: Any
     options = {"scope": scope or "", "allow_offload": allow_offload,
                "allow_recompute": allow_recompute, "prefetch_regions": prefetch,
                "release_lag": release_lag, "min_bytes": min_bytes,
-               "device_profile_json": profile}
+               "device_profile_json": profile, "partitioner": True}
     # Out-of-range options fail now, on a probe graph, with the planner's message.
     probe = {"format": "spillway.graph", "version": 1, "nodes": [
         {"id": 0, "name": "x", "kind": "placeholder", "target": "x"}]}
