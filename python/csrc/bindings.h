@@ -5,6 +5,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "spillway/graph.h"
+#include "spillway/plan.h"
+
 namespace spillway::python {
 
 // spillway._C: synchronize, pending_waits, copy_stats, pool_stats,
@@ -13,5 +19,14 @@ void init_runtime(pybind11::module_& m);
 
 // spillway._C: plan_activation_offload (plan_bindings.cc).
 void init_plan(pybind11::module_& m);
+
+// spillway._C: plan_memory_budget, sweep_memory_budget, simulate_graph
+// (budget_bindings.cc).
+void init_budget(pybind11::module_& m);
+
+// Each edit in order, as JSON; insertions carry their node as `rewritten`'s
+// JSON writer writes it (plan_bindings.cc). Throws Error when an inserted
+// node is missing from `rewritten`.
+nlohmann::json edit_list(const Graph& rewritten, const std::vector<Edit>& edits);
 
 }  // namespace spillway::python

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Spillway's torch extension: custom ops and the runtime behind them";
   spillway::python::init_runtime(m);
   spillway::python::init_plan(m);
+  spillway::python::init_budget(m);
 }

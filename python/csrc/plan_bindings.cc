@@ -40,15 +40,15 @@ ActivationPlanOptions::PrefetchAnchor parse_prefetch_anchor(const std::string& a
   throw InvalidArgument("plan", "prefetch_anchor must be 'start' or 'end', got '" + anchor + "'");
 }
 
-// Each edit of plan.edits in order; insertions carry their node as the
-// rewritten graph's JSON writes it.
-json edit_list(const PlanResult& result) {
-  const json graph = json::parse(write_graph(result.graph));
+}  // namespace
+
+json edit_list(const Graph& rewritten, const std::vector<Edit>& edits_in) {
+  const json graph = json::parse(write_graph(rewritten));
   std::unordered_map<NodeId, const json*> node_by_id;
   for (const json& node : graph.at("nodes")) node_by_id.emplace(node.at("id").get<NodeId>(), &node);
 
   json edits = json::array();
-  for (const Edit& edit : result.plan.edits) {
+  for (const Edit& edit : edits_in) {
     json entry = {{"kind", std::string(to_string(edit.kind))}, {"source", edit.source}};
     if (edit.kind == EditKind::kRedirect) {
       entry["reader"] = edit.reader;
@@ -69,12 +69,14 @@ json edit_list(const PlanResult& result) {
   return edits;
 }
 
+namespace {
+
 std::string plan_to_json(const std::string& graph_json, const ActivationPlanOptions& options) {
   const Graph graph = parse_graph(graph_json);
   const PlanResult result = plan_activation_offload(graph, options);
   verify_offload_graph(graph, result.graph);
   json out = json::parse(cli::format_plan_json(graph, result));
-  out["edit_list"] = edit_list(result);
+  out["edit_list"] = edit_list(result.graph, result.plan.edits);
   return out.dump();
 }
 

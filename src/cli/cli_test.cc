@@ -11,7 +11,9 @@
 #include <sstream>
 #include <string>
 
+#include "cli/budget_report.h"
 #include "cli/plan_report.h"
+#include "spillway/error.h"
 #include "spillway/graph.h"
 #include "spillway/plan.h"
 #include "spillway/sim.h"
@@ -679,4 +681,77 @@ TEST_F(CliTest, DeviceProfileAndOutputErrors) {
 }
 
 }  // namespace
+
+// ---- --budget / --sweep: the memory-budget planner ------------------------
+
+TEST(ParseBudget, ReadsUnitsBytesAndPercentages) {
+  constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+  EXPECT_EQ(cli::parse_budget("12GiB", 0), 12 * kGiB);
+  EXPECT_EQ(cli::parse_budget("800 mib", 0), 800 * (std::int64_t{1} << 20));
+  EXPECT_EQ(cli::parse_budget("1.5GB", 0), 1500000000);
+  EXPECT_EQ(cli::parse_budget("4096", 0), 4096);
+  EXPECT_EQ(cli::parse_budget("50%", 10 * kGiB), 5 * kGiB);
+  for (const char* bad : {"", "abc", "12 parsecs", "-1GiB", "0", "0%"}) {
+    try {
+      cli::parse_budget(bad, kGiB);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("--budget '" + std::string(bad) + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST_F(CliTest, BudgetPlansFitAndSayWhatTheyCost) {
+  const fs::path graph = fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama-tiny.json.zst";
+  const CliRun text = run("plan '" + graph.string() + "' --budget 90%");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  for (const char* line : {"budget:", "predicted peak:", "predicted step:", "moved to host:",
+                           "recomputed:", "per block", "model.layers.0"}) {
+    EXPECT_NE(text.out.find(line), std::string::npos) << line << "\n" << text.out;
+  }
+  const CliRun json = run("plan '" + graph.string() + "' --budget 90% --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json plan = nlohmann::json::parse(json.out);
+  const std::int64_t peak = simulate(load_graph(graph.string()), CostModel(h200_profile())).peak_bytes;
+  EXPECT_EQ(plan.at("budget_bytes").get<std::int64_t>(), cli::parse_budget("90%", peak));
+  EXPECT_LE(plan.at("forecast").at("peak_bytes").get<std::int64_t>(),
+            plan.at("budget_bytes").get<std::int64_t>());
+  EXPECT_EQ(plan.at("baseline").at("peak_bytes").get<std::int64_t>(), peak);
+  EXPECT_FALSE(plan.at("choices").empty());
+}
+
+TEST_F(CliTest, AnUnreachableBudgetNamesTheSmallestPeak) {
+  const fs::path graph = fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama-tiny.json.zst";
+  const CliRun out = run("plan '" + graph.string() + "' --budget 1KiB");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.err.find("smallest reachable peak"), std::string::npos) << out.err;
+  const CliRun bad = run("plan '" + graph.string() + "' --budget lots");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("[cli] --budget 'lots'"), std::string::npos) << bad.err;
+  const CliRun both = run("plan '" + graph.string() + "' --budget 1GiB --sweep");
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_NE(both.err.find("drop --budget"), std::string::npos) << both.err;
+}
+
+TEST_F(CliTest, TheSweepIsAMonotoneCurve) {
+  const fs::path graph = fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama-tiny.json.zst";
+  const CliRun text = run("plan '" + graph.string() + "' --sweep");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("the curve"), std::string::npos) << text.out;
+  const CliRun json = run("plan '" + graph.string() + "' --sweep --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json curve = nlohmann::json::parse(json.out);
+  ASSERT_GE(curve.size(), 5u);
+  for (std::size_t i = 1; i < curve.size(); ++i) {
+    EXPECT_LT(curve[i].at("budget_bytes").get<std::int64_t>(),
+              curve[i - 1].at("budget_bytes").get<std::int64_t>());
+    EXPECT_GE(curve[i].at("forecast").at("step_ms").get<double>(),
+              curve[i - 1].at("forecast").at("step_ms").get<double>());
+    EXPECT_LE(curve[i].at("forecast").at("peak_bytes").get<std::int64_t>(),
+              curve[i - 1].at("forecast").at("peak_bytes").get<std::int64_t>());
+  }
+}
+
 }  // namespace spillway

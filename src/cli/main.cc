@@ -15,8 +15,10 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/budget_report.h"
 #include "cli/plan_report.h"
 #include "cli/sim_report.h"
+#include "spillway/budget.h"
 #include "spillway/error.h"
 #include "spillway/graph.h"
 #include "spillway/plan.h"
@@ -159,10 +161,10 @@ std::string write_sim_outputs(const SimArgs& args, const Graph& graph, const Sim
 // Simulates `graph` and the plan's rewrite of it on `profile`; replayed values
 // are the rewritten graph's recomputation. Only the rewritten graph's timeline
 // is kept, and only when `record_timeline`.
-Forecast forecast_plan(const Graph& graph, const PlanResult& result, const DeviceProfile& profile,
+PlanForecast forecast_plan(const Graph& graph, const PlanResult& result, const DeviceProfile& profile,
                        bool record_timeline) {
   const CostModel cost(profile);
-  Forecast forecast;
+  PlanForecast forecast;
   forecast.device = profile.name;
   SimOptions original_options;
   original_options.record_timeline = false;
@@ -191,13 +193,67 @@ struct PlanArgs {
   int prefetch_regions = ActivationPlanOptions{}.prefetch_regions;
   std::string prefetch_anchor = "start";
   int release_lag = ActivationPlanOptions{}.release_lag;
+  bool release_lag_given = false;  // the budget planner's default differs (1)
   bool offload_tuple_outputs = false;
   bool dense_storages = false;
   bool replay_pointwise = false;
   bool json = false;
   std::string emit_graph;
   SimArgs sim;
+  // The memory-budget planner instead of the scope policy.
+  std::string budget;  // parse_budget's forms; empty: no budget
+  bool sweep = false;
+  bool no_offload = false;
+  bool no_recompute = false;
 };
+
+// `spillway plan --budget B` / `--sweep`: keep, offload or recompute per
+// saved value (include/spillway/budget.h). --scope restricts the candidates.
+int run_budget(const PlanArgs& args, const std::string& path, const Graph& graph,
+               const DeviceProfile& profile) {
+  const CostModel cost(profile);
+  BudgetOptions options;
+  options.scope = args.scope_given ? args.scope : std::string();
+  options.allow_offload = !args.no_offload;
+  options.allow_recompute = !args.no_recompute;
+  options.min_bytes = args.min_bytes;
+  options.prefetch_regions = args.prefetch_regions;
+  options.release_lag = args.release_lag_given ? args.release_lag : BudgetOptions{}.release_lag;
+  SimOptions quiet;
+  quiet.record_timeline = false;
+  const std::int64_t graph_peak = simulate(graph, cost, quiet).peak_bytes;
+  if (args.sweep) {
+    if (!args.budget.empty()) {
+      throw InvalidArgument("cli", "--sweep plans its own ten budgets; drop --budget");
+    }
+    options.budget_bytes = 1;
+    const std::vector<BudgetPlan> plans = sweep_memory_budget(graph, options, cost);
+    if (args.json) {
+      std::cout << format_sweep_json(plans) << "\n";
+    } else {
+      std::cout << "file:               " << path << "\n" << format_sweep_text(plans, profile.name);
+    }
+    return kExitOk;
+  }
+  options.budget_bytes = parse_budget(args.budget, graph_peak);
+  const BudgetPlan plan = plan_memory_budget(graph, options, cost);
+  verify_offload_graph(graph, plan.graph);
+  if (!args.emit_graph.empty()) save_graph(plan.graph, args.emit_graph);
+  const std::string title = display_name(graph, path) + ", budget " +
+                            human_bytes(options.budget_bytes) + " (" + profile.name + ")";
+  const std::string written = write_sim_outputs(args.sim, plan.graph, plan.simulation, title);
+  if (args.json) {
+    std::cout << format_budget_json(plan) << "\n";
+  } else {
+    std::cout << "file:               " << path << "\n" << format_budget_text(plan, profile.name);
+    if (!args.emit_graph.empty()) {
+      std::cout << "\nwrote the rewritten graph (" << plan.graph.nodes.size() << " nodes) to "
+                << args.emit_graph << "\n";
+    }
+    if (!written.empty()) std::cout << (args.emit_graph.empty() ? "\n" : "") << written;
+  }
+  return kExitOk;
+}
 
 ActivationPlanOptions to_options(const PlanArgs& args) {
   ActivationPlanOptions options;
@@ -253,6 +309,7 @@ int run_plan(const PlanArgs& args) {
   const DeviceProfile profile = load_profile(args.sim);
   const std::string path = args.graph_path.empty() ? resolve_default_graph() : args.graph_path;
   const Graph graph = load_verified(path);
+  if (!args.budget.empty() || args.sweep) return run_budget(args, path, graph, profile);
   std::string scope_note;
   if (!args.scope_given && options.mode == ActivationMode::kScope) {
     options.scope = default_scope(graph);
@@ -262,7 +319,7 @@ int run_plan(const PlanArgs& args) {
   verify_offload_graph(graph, result.graph);
   if (!args.emit_graph.empty()) save_graph(result.graph, args.emit_graph);
 
-  const Forecast forecast = forecast_plan(graph, result, profile, args.sim.wants_timeline());
+  const PlanForecast forecast = forecast_plan(graph, result, profile, args.sim.wants_timeline());
   const std::string title =
       display_name(graph, path) +
       (options.mode == ActivationMode::kNone
@@ -396,6 +453,17 @@ int main_impl(int argc, char** argv) {
   plan->add_flag("--json", plan_args.json, "Print a JSON object instead of the text summary");
   plan->add_option("--emit-graph", plan_args.emit_graph,
                    "Write the rewritten graph to OUT (.json, or .json.zst to compress)");
+  plan->add_option("--budget", plan_args.budget,
+                   "Plan for a peak device-memory budget instead of a scope: keep, offload or "
+                   "recompute each saved activation, the fastest plan whose simulated peak fits "
+                   "(12GiB, 800MiB, 4096 bytes, or 60% of the graph's own peak); --scope then "
+                   "only restricts the candidates");
+  plan->add_flag("--sweep", plan_args.sweep,
+                 "Print the whole curve instead: the best plan at ten budgets between the "
+                 "smallest reachable peak and the graph's own");
+  plan->add_flag("--no-offload", plan_args.no_offload, "With --budget/--sweep: never offload");
+  plan->add_flag("--no-recompute", plan_args.no_recompute,
+                 "With --budget/--sweep: never recompute");
   add_sim_options(*plan, plan_args.sim);
 
   SimulateArgs simulate_args;
@@ -423,6 +491,7 @@ int main_impl(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
   plan_args.scope_given = plan->count("--scope") > 0;
+  plan_args.release_lag_given = plan->count("--release-lag") > 0;
   if (*plan) return run_guarded([&] { return run_plan(plan_args); });
   if (*simulate_command) return run_guarded([&] { return run_simulate(simulate_args); });
   return run_guarded([&] { return run_validate(validate_path); });

@@ -111,7 +111,7 @@ nlohmann::json sim_json(const NodeIndex& index, const SimResult& result) {
 }
 
 nlohmann::json forecast_json(const Graph& original, const Graph& rewritten,
-                             const Forecast& forecast) {
+                             const PlanForecast& forecast) {
   return {
       {"device", forecast.device},
       {"original", sim_json(index_nodes(original), forecast.original)},
@@ -246,7 +246,7 @@ std::string format_plan_text(const Graph& original, const PlanResult& result,
 }
 
 std::string format_plan_json(const Graph& original, const PlanResult& result,
-                             const Forecast* forecast) {
+                             const PlanForecast* forecast) {
   using nlohmann::json;
   const Plan& plan = result.plan;
   const NodeIndex index = index_nodes(result.graph);

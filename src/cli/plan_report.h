@@ -36,6 +36,6 @@ std::string format_plan_text(const Graph& original, const PlanResult& result,
 // The same facts as one JSON object (see README.md, "spillway plan --json");
 // with a `forecast`, also its numbers under "forecast".
 std::string format_plan_json(const Graph& original, const PlanResult& result,
-                             const Forecast* forecast = nullptr);
+                             const PlanForecast* forecast = nullptr);
 
 }  // namespace spillway::cli

@@ -87,7 +87,7 @@ std::string format_sim_text(const Graph& graph, const SimResult& result,
 }
 
 std::string format_forecast_text(const Graph& original, const Graph& rewritten,
-                                 const Forecast& forecast) {
+                                 const PlanForecast& forecast) {
   const SimResult& before = forecast.original;
   const SimResult& after = forecast.rewritten;
   constexpr std::size_t kLabel = 20;

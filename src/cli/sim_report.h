@@ -16,7 +16,7 @@
 namespace spillway::cli {
 
 // One graph's simulation before and after a plan, on one device.
-struct Forecast {
+struct PlanForecast {
   std::string device;   // DeviceProfile::name
   SimResult original;   // the graph as given
   SimResult rewritten;  // the plan's rewritten graph
@@ -32,6 +32,6 @@ std::string format_sim_text(const Graph& graph, const SimResult& result,
 // A few lines: predicted step time and peak (human_bytes) of the original and
 // the rewritten graph, side by side, and their differences.
 std::string format_forecast_text(const Graph& original, const Graph& rewritten,
-                                 const Forecast& forecast);
+                                 const PlanForecast& forecast);
 
 }  // namespace spillway::cli

@@ -1,0 +1,211 @@
+// Python access to the memory-budget planner (spillway/budget.h) and the
+// simulator (spillway/sim.h): a graph in as Spillway graph JSON, results out
+// as JSON text. The planner and the simulator run without the GIL.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "spillway/budget.h"
+#include "spillway/error.h"
+#include "spillway/graph.h"
+#include "spillway/sim.h"
+
+namespace py = pybind11;
+
+namespace spillway::python {
+namespace {
+
+using nlohmann::json;
+
+struct Knobs {
+  std::string scope;
+  bool allow_offload = true;
+  bool allow_recompute = true;
+  int prefetch_regions = 1;
+  int release_lag = 1;
+  std::int64_t min_bytes = 1 << 20;
+  std::string device_profile_json;
+  bool trace = false;
+  std::string svg_title;
+};
+
+BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
+  BudgetOptions options;
+  options.budget_bytes = budget;
+  options.scope = knobs.scope;
+  options.allow_offload = knobs.allow_offload;
+  options.allow_recompute = knobs.allow_recompute;
+  options.prefetch_regions = knobs.prefetch_regions;
+  options.release_lag = knobs.release_lag;
+  options.min_bytes = knobs.min_bytes;
+  return options;
+}
+
+CostModel cost_of(const Knobs& knobs) {
+  return CostModel(knobs.device_profile_json.empty() ? h200_profile()
+                                                     : parse_device_profile(knobs.device_profile_json));
+}
+
+json forecast_json(const Forecast& f) {
+  return {{"step_ms", f.step_ms},
+          {"peak_bytes", f.peak_bytes},
+          {"peak_node", f.peak_node},
+          {"peak_phase", std::string(to_string(f.peak_phase))},
+          {"bytes_offloaded", f.bytes_offloaded},
+          {"bytes_recomputed", f.bytes_recomputed},
+          {"recompute_ms", f.recompute_ms},
+          {"compute_wait_ms", f.compute_wait_ms}};
+}
+
+json plan_json(const BudgetPlan& plan, const Knobs& knobs, bool with_edits) {
+  json choices = json::array();
+  for (const BudgetChoice& c : plan.choices) {
+    choices.push_back({{"node", c.node},
+                       {"name", c.name},
+                       {"block", c.block},
+                       {"bytes", c.bytes},
+                       {"decision", std::string(to_string(c.decision))},
+                       {"can_offload", c.can_offload},
+                       {"can_recompute", c.can_recompute},
+                       {"recompute_ms", c.recompute_ms}});
+  }
+  json out = {{"budget_bytes", plan.options.budget_bytes},
+              {"choices", std::move(choices)},
+              {"forecast", forecast_json(plan.forecast)},
+              {"baseline", forecast_json(plan.baseline)},
+              {"min_reachable_bytes", plan.min_reachable_bytes},
+              {"recomputed_nodes", plan.recomputed_nodes}};
+  if (with_edits) out["edit_list"] = edit_list(plan.graph, plan.edits);
+  if (knobs.trace) out["chrome_trace"] = chrome_trace(plan.graph, plan.simulation);
+  if (!knobs.svg_title.empty()) {
+    out["memory_svg"] = memory_svg(plan.graph, plan.simulation, knobs.svg_title);
+  }
+  return out;
+}
+
+// Runs `fn` without the GIL and maps Spillway's errors to Python's.
+template <typename Fn>
+std::string guarded(Fn&& fn) {
+  try {
+    py::gil_scoped_release release;
+    return fn();
+  } catch (const InvalidArgument& e) {
+    throw py::value_error(e.what());
+  } catch (const InvalidGraph& e) {
+    throw py::value_error(e.what());
+  } catch (const OutOfMemory& e) {
+    PyErr_SetString(PyExc_MemoryError, e.what());
+    throw py::error_already_set();
+  } catch (const Error& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
+// The keyword arguments every function here shares, in this order.
+#define SPILLWAY_BUDGET_KNOB_ARGS                                                             \
+  py::arg("scope") = "", py::arg("allow_offload") = true, py::arg("allow_recompute") = true, \
+      py::arg("prefetch_regions") = 1, py::arg("release_lag") = 1,                           \
+      py::arg("min_bytes") = std::int64_t{1} << 20, py::arg("device_profile_json") = "",     \
+      py::arg("trace") = false, py::arg("svg_title") = ""
+
+}  // namespace
+
+void init_budget(py::module_& m) {
+  m.def(
+      "plan_memory_budget",
+      [](const std::string& graph_json, std::int64_t budget_bytes, const std::string& scope,
+         bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
+         std::int64_t min_bytes, const std::string& profile, bool trace,
+         const std::string& svg_title) {
+        const Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
+                          min_bytes, profile,       trace,           svg_title};
+        return guarded([&] {
+          const Graph graph = parse_graph(graph_json);
+          const CostModel cost = cost_of(knobs);
+          const BudgetPlan plan = plan_memory_budget(graph, options_of(knobs, budget_bytes), cost);
+          return plan_json(plan, knobs, true).dump();
+        });
+      },
+      py::arg("graph_json"), py::arg("budget_bytes"), py::kw_only(), SPILLWAY_BUDGET_KNOB_ARGS,
+      "Plans keep / offload / recompute for every saved activation of a joint graph (Spillway "
+      "graph JSON) so that the simulated peak fits budget_bytes, the fastest such plan "
+      "(include/spillway/budget.h). Returns JSON text: budget_bytes, choices (node, name, block, "
+      "bytes, decision, can_offload, can_recompute, recompute_ms), forecast and baseline "
+      "(step_ms, peak_bytes, peak_node, peak_phase, bytes_offloaded, bytes_recomputed, "
+      "recompute_ms, compute_wait_ms), min_reachable_bytes, recomputed_nodes, edit_list (as "
+      "plan_activation_offload's), and with trace / svg_title the simulator's Chrome trace and "
+      "memory picture of the plan. device_profile_json empty: the shipped H200 profile. Raises "
+      "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
+      "reachable peak when no plan fits.");
+  m.def(
+      "sweep_memory_budget",
+      [](const std::string& graph_json, const std::vector<std::int64_t>& budgets,
+         const std::string& scope, bool allow_offload, bool allow_recompute, int prefetch_regions,
+         int release_lag, std::int64_t min_bytes, const std::string& profile, bool trace,
+         const std::string& svg_title) {
+        const Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
+                          min_bytes, profile,       trace,           svg_title};
+        return guarded([&] {
+          const Graph graph = parse_graph(graph_json);
+          const CostModel cost = cost_of(knobs);
+          json out = json::array();
+          for (const BudgetPlan& plan :
+               sweep_memory_budget(graph, options_of(knobs, 1), cost, budgets)) {
+            out.push_back(plan_json(plan, knobs, false));
+          }
+          return out.dump();
+        });
+      },
+      py::arg("graph_json"), py::arg("budgets") = std::vector<std::int64_t>{}, py::kw_only(),
+      SPILLWAY_BUDGET_KNOB_ARGS,
+      "One plan per budget (largest first), monotone (a smaller budget never has a faster "
+      "forecast or a larger forecast peak); budgets below the smallest reachable peak are left "
+      "out. Empty budgets: ten between the smallest reachable peak and the graph's own. Returns "
+      "a JSON list of plan_memory_budget's objects without edit_list.");
+  m.def(
+      "simulate_graph",
+      [](const std::string& graph_json, const std::string& profile,
+         const std::vector<NodeId>& recomputed, bool trace, const std::string& svg_title) {
+        Knobs knobs;
+        knobs.device_profile_json = profile;
+        return guarded([&] {
+          const Graph graph = parse_graph(graph_json);
+          const CostModel cost = cost_of(knobs);
+          SimOptions options;
+          options.recomputed = recomputed;
+          const SimResult r = simulate(graph, cost, options);
+          std::string peak_node;
+          for (const Node& node : graph.nodes) {
+            if (node.id == r.peak_node) peak_node = node.name;
+          }
+          json out = {{"step_ms", r.step_ms},
+                      {"peak_bytes", r.peak_bytes},
+                      {"peak_node", peak_node},
+                      {"peak_phase", std::string(to_string(r.peak_phase))},
+                      {"compute_busy_ms", r.compute_busy_ms},
+                      {"compute_wait_ms", r.compute_wait_ms},
+                      {"recompute_ms", r.recompute_ms},
+                      {"bytes_d2h", r.bytes_d2h},
+                      {"bytes_h2d", r.bytes_h2d},
+                      {"host_peak_bytes", r.host_peak_bytes}};
+          if (trace) out["chrome_trace"] = chrome_trace(graph, r);
+          if (!svg_title.empty()) out["memory_svg"] = memory_svg(graph, r, svg_title);
+          return out.dump();
+        });
+      },
+      py::arg("graph_json"), py::kw_only(), py::arg("device_profile_json") = "",
+      py::arg("recomputed") = std::vector<NodeId>{}, py::arg("trace") = false,
+      py::arg("svg_title") = "",
+      "Simulates one step of a graph (include/spillway/sim.h) and returns JSON text: step_ms, "
+      "peak_bytes, peak_node, peak_phase, compute_busy_ms, compute_wait_ms, recompute_ms, "
+      "bytes_d2h, bytes_h2d, host_peak_bytes, and with trace / svg_title the Chrome trace and "
+      "the memory picture.");
+}
+
+}  // namespace spillway::python
