@@ -155,14 +155,17 @@ def _bindings():
     return _C
 
 
-def _tensors(value) -> list[torch.Tensor]:
-    """The tensors in a value, its tuples, lists and dict values (one level deep)."""
+def _tensors(value, depth: int = 3) -> list[torch.Tensor]:
+    """The tensors in a value and in its tuples, lists and dict values, in order (a few
+    levels deep: Llama's position_embeddings=(cos, sin) keyword)."""
     if isinstance(value, torch.Tensor):
         return [value]
-    if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor)]
+    if depth == 0:
+        return []
     if isinstance(value, dict):
-        return [v for v in value.values() if isinstance(v, torch.Tensor)]
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v, depth - 1)]
     return []
 
 
