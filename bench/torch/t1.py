@@ -130,7 +130,10 @@ def _step_fn(name: str, options: dict, model, device: str):
     import torch
 
     def plain(ids):
-        return model(input_ids=ids, labels=ids).loss
+        # No KV cache in training: with one, a checkpoint's recompute appends each
+        # layer's keys again (HF's gradient_checkpointing_enable turns it off too;
+        # selective checkpointing refuses the extra ops).
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
 
     if name in ("ckpt-full", "compiled-ckpt-full"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -233,6 +236,8 @@ def _budget_bytes(spec, model, device: str):
 
 
 def _eager_budget(model, device: str, options: dict, plain):
+    import torch
+
     from spillway.activations import eager
 
     options = dict(options)
@@ -242,8 +247,18 @@ def _eager_budget(model, device: str, options: dict, plain):
     ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
 
     def step(ids):
+        if not step.warm:
+            # The first warm-up step runs a plain step before the context's first
+            # (profiling) step, so the profile times warm kernels and starts, like
+            # every later step, with the gradients allocated: the steady state the
+            # plan is for.
+            plain(ids).backward()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            step.warm = True
         with ctx:
             return plain(ids)
+    step.warm = False
 
     def stats():
         out = ctx.stats()

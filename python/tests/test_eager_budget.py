@@ -232,6 +232,34 @@ def test_recompute_decisions_checkpoint_those_blocks():
     assert sorted(recomputed) == chosen
 
 
+@pytest.mark.parametrize("saved, offload_input", [
+    ("keep", True), ("offload", False), ("offload", True), ("recompute", True)])
+def test_each_decision_maps_to_its_eager_action(saved, offload_input, no_leaks):
+    """Whatever the planner picks, a call's actions are bit-exact and move what they say:
+    the plan is replaced by one decision for every block but the first."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    work = WORKLOADS["toy"]()
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    n = len(ctx.plan.choices)
+    forced = _CallPolicy(checkpoint=saved == "recompute", offload_saved=saved == "offload",
+                         offload_input=offload_input)
+    ctx._policies = [_CallPolicy(False, False, False)] + [forced] * (n - 1)
+    before = ctx.stats()
+    _run(work, ctx, steps=1)
+    stats = ctx.stats()
+    moved = stats["bytes_offloaded"] - before["bytes_offloaded"]
+    storages = stats["storages_offloaded"] - before["storages_offloaded"]
+    x_bytes = 256 * D * 4  # one hidden state: each block's input
+    if saved == "offload":
+        # Everything a block saves but its input, and its input when offload_input.
+        assert moved > (n - 1) * x_bytes * (2 if offload_input else 1)
+    else:
+        # Only the inputs: a kept block's input storage (Block.attn saves x), or the
+        # checkpoint's saved input.
+        assert moved == (n - 1) * x_bytes and storages == n - 1, stats
+
+
 def test_plan_forecast_trace_and_picture(tmp_path):
     work = WORKLOADS["llama"]()
     smallest, baseline = _reachable_range(work, min_bytes=256)

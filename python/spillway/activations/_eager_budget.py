@@ -59,6 +59,7 @@ import math
 import os
 import re
 import time
+import warnings
 from typing import Iterable
 
 import torch
@@ -153,6 +154,13 @@ def _bindings():
                            "build lacks: rebuild the extension (cmake --preset python && "
                            "cmake --build --preset python)")
     return _C
+
+
+def _warm_checkpoint() -> None:
+    """Runs torch.utils.checkpoint once on a scalar: its first call imports torch._dynamo
+    (seconds), which would otherwise be timed as the first block's forward."""
+    x = torch.zeros((), requires_grad=True)
+    checkpoint(torch.sin, x, use_reentrant=False, preserve_rng_state=False).backward()
 
 
 def _tensors(value, depth: int = 3) -> list[torch.Tensor]:
@@ -345,6 +353,7 @@ class BudgetedOffload(eager.OffloadActivations):
                               device_profile_json=self._profile_json)
         except ValueError as e:
             raise ValueError(f"[eager] device_profile: {e}") from None
+        _warm_checkpoint()
         self._clock = _Clock(self._device)
         self.plan: EagerBudgetPlan | None = None
         self._policies: list[_CallPolicy] = []
@@ -354,6 +363,7 @@ class BudgetedOffload(eager.OffloadActivations):
         self._call_state = None  # (ordinal, mode, policy) of the block call whose forward is next
         self._layer_policy: dict[int, _CallPolicy] = {}
         self._saved_forwards: list = []
+        self._warned_cache = False
 
     # ---- context ------------------------------------------------------------
 
@@ -493,10 +503,20 @@ class BudgetedOffload(eager.OffloadActivations):
             if mode == "profile" and self._recording is not None:
                 return self._profiled_call(module, original, args, kwargs)
             if mode == "checkpoint" or (policy is not None and policy.checkpoint):
+                self._warn_cache(kwargs)
                 return checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
                                   **kwargs)
             return original(*args, **kwargs)
         return forward
+
+    def _warn_cache(self, kwargs) -> None:
+        if kwargs.get("use_cache") is True and not self._warned_cache:
+            self._warned_cache = True
+            warnings.warn("[eager] memory_budget checkpoints blocks called with use_cache=True: "
+                          "each recompute appends the block's keys and values to the cache "
+                          "again (the results are unchanged, the memory and time are not, and "
+                          "the profiling step overcounts what blocks save). Call the model "
+                          "with use_cache=False when training", UserWarning, stacklevel=4)
 
     def _profiled_call(self, module, original, args, kwargs):
         """One block call of the profiling step: checkpointed, timed, its saved bytes counted."""
@@ -518,6 +538,7 @@ class BudgetedOffload(eager.OffloadActivations):
                 return original(*a, **kw)
             return self._count_recompute(call, original, a, kw, input_keys)
 
+        self._warn_cache(kwargs)
         marks["fwd_start"] = clock.mark()
         out = checkpoint(counted, *args, use_reentrant=False, preserve_rng_state=True,
                          early_stop=False, **kwargs)
