@@ -242,7 +242,8 @@ def _eager_budget(model, device: str, options: dict, plain):
 
     options = dict(options)
     if "budget" not in options:
-        raise SystemExit("[t1] spillway-eager-budget needs a budget: spillway-eager-budget:19GiB")
+        raise SystemExit("[t1] spillway-eager-budget needs a budget: "
+                         "spillway-eager-budget:19GiB")
     budget = _budget_bytes(options.pop("budget"), model, device)
     ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
 

@@ -60,7 +60,6 @@ import os
 import re
 import time
 import warnings
-from typing import Iterable
 
 import torch
 from torch import nn
