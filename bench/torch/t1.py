@@ -18,10 +18,23 @@ BENCHMARKS.md). Methods:
   ckpt-full              eager, every decoder layer under torch.utils.checkpoint
                          (non-reentrant), HF's gradient_checkpointing_enable
   ckpt:layers=0-3        eager, only the named decoder layers checkpointed
+  ckpt:k=4               eager, the first k decoder layers checkpointed (k of 16)
+  ckpt-selective         eager, every decoder layer under selective checkpointing:
+                         matmul and attention outputs saved, the rest recomputed
   save-on-cpu            eager, torch.autograd.graph.save_on_cpu(pin_memory=True)
   spillway-eager         eager, spillway.offload_activations; options
                          after a colon: spillway-eager:scope=*,layers=0-2,lag=8,prefetch=4
                          (0-2: a range, a+b: a list, none: None)
+  spillway-eager-budget  eager, spillway.offload_activations(memory_budget=...): the
+                         budget after the colon is activation memory above the
+                         resident weights and gradients, as the table reports it
+                         (spillway-eager-budget:19GiB; the planner gets weights +
+                         gradients + 19 GiB), or a fraction of the no-offload peak
+                         (spillway-eager-budget:0.5); more options after it
+                         (spillway-eager-budget:7.1GiB,lag=2,prefetch=2). The first
+                         warm-up step profiles, the plan applies from the second
+                         (needs --warmup >= 2). The results carry the plan's
+                         forecast beside the measurement (a table of its own).
   compiled               torch.compile (inductor), nothing
   compiled-ckpt-full     torch.compile over the checkpointed layers
   compiled-amb:budget=B  torch.compile with torch._functorch.config.activation_memory_budget = B
@@ -71,8 +84,11 @@ GIB = 1 << 30
 def _parse_method(spec: str) -> tuple[str, dict]:
     name, _, rest = spec.partition(":")
     options: dict = {}
-    for item in filter(None, rest.split(",")):
+    for i, item in enumerate(filter(None, rest.split(","))):
         key, eq, value = item.partition("=")
+        if not eq and i == 0 and name == "spillway-eager-budget":
+            options["budget"] = item  # spillway-eager-budget:19GiB
+            continue
         if not eq:
             raise SystemExit(f"[t1] bad option '{item}' in method '{spec}': expected key=value")
         options[key] = _option_value(value)
@@ -118,21 +134,28 @@ def _step_fn(name: str, options: dict, model, device: str):
     import torch
 
     def plain(ids):
-        return model(input_ids=ids, labels=ids).loss
+        # No KV cache in training: with one, a checkpoint's recompute appends each
+        # layer's keys again (HF's gradient_checkpointing_enable turns it off too;
+        # selective checkpointing refuses the extra ops).
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
 
     if name in ("ckpt-full", "compiled-ckpt-full"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if name == "ckpt":  # checkpoint only the decoder layers options["layers"] names
+    if name == "ckpt":  # checkpoint the decoder layers options["layers"] names, or the first k
         from torch.utils.checkpoint import checkpoint
-        chosen = options.get("layers", [])
+        chosen = options.get("layers", list(range(options.get("k", 0))))
         chosen = [chosen] if isinstance(chosen, int) else chosen
         for i in chosen:
             layer = model.model.layers[i]
             layer.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(
                 layer.forward)
         return plain, dict
+    if name == "ckpt-selective":
+        return _selective_checkpointing(model, plain), dict
     if name in ("none", "ckpt-full"):
         return plain, dict
+    if name == "spillway-eager-budget":
+        return _eager_budget(model, device, options, plain)
     if name == "save-on-cpu":
         def step(ids):
             with torch.autograd.graph.save_on_cpu(pin_memory=True):
@@ -177,6 +200,96 @@ def _step_fn(name: str, options: dict, model, device: str):
                     "backward_ops": [dict(p.backward_ops) for p in plans]}
         return (lambda ids: fn(input_ids=ids, labels=ids).loss), plan_stats
     raise SystemExit(f"[t1] unknown method '{name}'")
+
+
+def _selective_checkpointing(model, plain):
+    """Every decoder layer checkpointed, saving the outputs of matmuls and attention."""
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                        create_selective_checkpoint_contexts)
+
+    aten = torch.ops.aten
+    saved = {aten.mm.default, aten.addmm.default, aten.bmm.default,
+             aten._scaled_dot_product_flash_attention.default,
+             aten._scaled_dot_product_efficient_attention.default,
+             aten._scaled_dot_product_cudnn_attention.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+    for layer in model.model.layers:
+        layer.forward = (lambda f: lambda *a, **k: checkpoint(
+            f, *a, use_reentrant=False, context_fn=context_fn, **k))(layer.forward)
+    return plain
+
+
+def _budget_bytes(spec, model, device: str):
+    """spillway-eager-budget's budget: a fraction as it is, or activation bytes above the
+    resident weights and gradients turned into the planner's whole-step budget."""
+    import torch
+
+    from spillway.activations._eager_budget import parse_memory_budget
+
+    text = str(spec)
+    try:
+        value = float(text) if "." in text and float(text) <= 1 else spec
+    except ValueError:
+        value = spec
+    nbytes, fraction = parse_memory_budget(value)
+    if fraction is not None:
+        return fraction
+    weights = (torch.cuda.memory_allocated() if device.startswith("cuda")
+               else sum(p.nbytes for p in model.parameters()))
+    grads = sum(p.nbytes for p in model.parameters() if p.requires_grad)  # t1 never zeroes them
+    return weights + grads + nbytes
+
+
+def _eager_budget(model, device: str, options: dict, plain):
+    import torch
+
+    from spillway.activations import eager
+
+    options = dict(options)
+    if "budget" not in options:
+        raise SystemExit("[t1] spillway-eager-budget needs a budget: "
+                         "spillway-eager-budget:19GiB")
+    budget = _budget_bytes(options.pop("budget"), model, device)
+    ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
+
+    def step(ids):
+        if not step.warm:
+            # The first warm-up step runs a plain step before the context's first
+            # (profiling) step, so the profile times warm kernels and starts, like
+            # every later step, with the gradients allocated: the steady state the
+            # plan is for.
+            plain(ids).backward()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            step.warm = True
+        with ctx:
+            return plain(ids)
+    step.warm = False
+
+    def stats():
+        out = ctx.stats()
+        out["budget"] = budget
+        plan = ctx.plan
+        if plan is not None:
+            out["forecast"] = plan.forecast()
+            out["calibration"] = plan.calibration
+            out["choices"] = [dict(block=c.block, saved=c.saved, input=c.input,
+                                   saved_bytes=c.saved_bytes, forward_ms=round(c.forward_ms, 3),
+                                   backward_ms=round(c.backward_ms, 3)) for c in plan.choices]
+            mix: dict = {}
+            for c in plan.choices:
+                key = c.saved + ("+input-offload" if c.input == "offload" else "")
+                mix[key] = mix.get(key, 0) + 1
+            out["decision_mix"] = mix
+        return out
+    return step, stats
 
 
 def _merged_length(intervals: list[tuple[float, float]]) -> float:
@@ -371,24 +484,31 @@ def render(results: list[dict], command: str) -> str:
 
 
 def _render_forecasts(results: list[dict]) -> list[str]:
-    """The budget planner's forecast beside the measurement (the largest graph's)."""
-    out = ["\nThe budget planner's forecast (simulated on the device profile) against the "
-           "measurement; peak = peak allocated, weights included:\n",
-           "| method | budget GiB | decisions keep/offload/recompute | predicted step ms | "
-           "measured | error | predicted peak GiB | measured | error | departures |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    """The budget planner's forecast beside the measurement: spillway-eager-budget
+    (one forecast per run) and spillway-compiled with memory_budget (one per
+    compiled graph: the one with the largest peak is shown)."""
+    out = ["\nThe budget planner's forecast (its simulation of its plan) against the "
+           "measurement; peak = allocated at the step's peak, weights included:\n",
+           "| method | decisions | predicted step ms | measured | error | predicted peak GiB "
+           "| measured | error | departures |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         stats = r["method_stats"]
-        i = max(range(len(stats["forecast"])), key=lambda k: stats["forecast"][k]["peak_bytes"])
-        f, d = stats["forecast"][i], stats["decisions"][i]
-        step, peak = r["step_ms_median"], r.get("peak_allocated_gib")
-        pred_peak = f["peak_bytes"] / GIB
-        step_err = f"{100 * (f['step_ms'] - step) / step:+.1f} %"
-        peak_err = f"{100 * (pred_peak - peak) / peak:+.1f} %" if peak else "-"
+        f, departures = stats["forecast"], "-"
+        if isinstance(f, list):  # compiled: per graph
+            i = max(range(len(f)), key=lambda k: f[k]["peak_bytes"])
+            f = f[i]
+            mix = ", ".join(f"{k} {v}" for k, v in stats["decisions"][i].items())
+            departures = str(len(stats["departures"][i]))
+        else:
+            mix = ", ".join(f"{k} {v}" for k, v in stats.get("decision_mix", {}).items())
+        ms, peak = r["step_ms_median"], r.get("peak_allocated_gib")
+        fpeak = f["peak_bytes"] / GIB
+        step_err = f"{100 * (f['step_ms'] - ms) / ms:+.1f}%"
         peak_cell = f"{peak:.2f}" if peak is not None else "-"
-        out.append(f"| {r['method']} | {f['budget_bytes'] / GIB:.2f} | {d['keep']}/{d['offload']}/"
-                   f"{d['recompute']} | {f['step_ms']:.1f} | {step:.1f} | {step_err} | "
-                   f"{pred_peak:.2f} | {peak_cell} | {peak_err} | {len(stats['departures'][i])} |")
+        peak_err = f"{100 * (fpeak - peak) / peak:+.1f}%" if peak else "-"
+        out.append(f"| {r['method']} | {mix} | {f['step_ms']:.1f} | {ms:.1f} | {step_err} | "
+                   f"{fpeak:.2f} | {peak_cell} | {peak_err} | {departures} |")
     return out
 
 
@@ -451,6 +571,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.flat_steps < 0:
         parser.error("--steps must be >= 1, --warmup and --flat-steps >= 0")
+    if args.warmup < 2 and any(m.startswith("spillway-eager-budget") for m in args.method):
+        parser.error("spillway-eager-budget profiles its first step and plans at the second: "
+                     "--warmup must be >= 2")
     if args.one:
         print("T1RESULT " + json.dumps(run_one(args.one, args)), flush=True)
         return 0

@@ -6,6 +6,11 @@
 
     compiled = spillway.compile(model, scope="self_attn")           # torch.compile
 
+    ctx = spillway.offload_activations(model, memory_budget="12GiB")  # eager, planned:
+    with ctx:                                   # keep / offload / checkpoint per block;
+        loss = model(x).loss                    # the first step profiles, ctx.plan after
+    loss.backward()
+
 The submodules load lazily (importing spillway alone stays cheap and does not
 import torch): spillway.activations (eager.py, compiled.py: activation
 offload), spillway.ops (the custom ops), spillway.fx_export (the FX graph

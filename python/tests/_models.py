@@ -41,13 +41,15 @@ def tiny_llama(seed: int, device="cpu", dtype=torch.float32, *, layers: int = 2,
 
 def tiny_gpt2(seed: int, device="cpu", dtype=torch.float32, *, layers: int = 2,
               hidden: int = 64, heads: int = 4, vocab: int = 128, batch: int = 2,
-              seq: int = 32):
-    """A GPT2LMHeadModel (sdpa attention, no dropout) and input ids, both on `device`."""
+              seq: int = 32, dropout: float = 0.0):
+    """A GPT2LMHeadModel (sdpa attention; dropout off unless `dropout`, then every dropout
+    has that probability and two forwards agree only from the same RNG state) and input
+    ids, both on `device`."""
     import transformers
 
     config = transformers.GPT2Config(
         n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=vocab,
-        n_positions=max(64, seq), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        n_positions=max(64, seq), resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
         attn_implementation="sdpa")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

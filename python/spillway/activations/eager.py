@@ -106,11 +106,20 @@ _active_models: "weakref.WeakKeyDictionary[nn.Module, OffloadActivations]" = (
     weakref.WeakKeyDictionary())
 
 
-def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "self_attn",
+class _DefaultScope(str):
+    """The type of scope's default, "self_attn": a memory budget tells it from a passed one."""
+
+
+_DEFAULT_SCOPE = _DefaultScope("self_attn")
+
+
+def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = _DEFAULT_SCOPE,
                         min_bytes: int = 1 << 20, prefetch: int = 1,
                         device: torch.device | str | None = None,
                         lag: int = 1,
-                        layers: Iterable[int] | None = None) -> "OffloadActivations":
+                        layers: Iterable[int] | None = None, *,
+                        memory_budget: int | float | str | None = None,
+                        device_profile: str | dict | None = None) -> "OffloadActivations":
     """The context manager that offloads the activations saved by `model`'s scope modules.
 
     Args:
@@ -120,7 +129,9 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "s
         layer of the model (its largest nn.ModuleList and the modules with
         parameters outside it; without a ModuleList, the children of an
         nn.Sequential, or the children holding parameters; see the module
-        docstring).
+        docstring). With memory_budget, an optional restriction: the blocks
+        the plan may act on (default: every block, the elements of the
+        model's largest nn.ModuleList).
       min_bytes: storages smaller than this stay on the device.
       prefetch: how many layers ahead of need backward reloads (0: on demand).
       device: the device whose tensors are offloaded (cpu or cuda[:N]); default
@@ -135,6 +146,17 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "s
         count for `lag` and `prefetch`, so `layers=range(3), lag=8` offloads the
         first three layers and gives each copy eight layers of compute to hide
         behind before its wait.
+      memory_budget: peak device bytes a step may use, weights included: an
+        int, a string ("12GiB", "800MiB", "1.5e9"), or a float in (0, 1], a
+        fraction of the step's peak without spillway. The context then plans
+        per block: keep, offload, checkpoint, or checkpoint with the block's
+        saved input offloaded (see _eager_budget.py). The first step under the
+        context runs every block checkpointed and profiles them; the plan
+        applies from the second step on and is `ctx.plan`. Not with `layers`.
+      device_profile: with memory_budget, the device profile the planner
+        simulates on: a path to a device-profile JSON file
+        (docs/device-profile.md) or the profile as a dict; None: the shipped
+        NVIDIA H200 profile.
 
     Raises ValueError, with a message starting "[eager]" that names the
     argument and the value received, for: a model that is not an nn.Module; a
@@ -142,9 +164,23 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = "s
     list too), or that matches no module; scope "*" on a model with no layers
     to offload; min_bytes, prefetch or lag not an int (bools included) or
     negative; layers not an iterable of ints, or a position out of range; an
-    unknown or unusable device. Entering the context raises RuntimeError when
-    another context is active on the same model.
+    unknown or unusable device; with memory_budget: a budget that is not a
+    positive int, a parsable size string or a float in (0, 1], a model on the
+    CPU without device=, layers given, a device_profile that is not a
+    readable JSON file or a dict. Entering the context raises RuntimeError
+    when another context is active on the same model. With memory_budget, the
+    second step raises the planner's MemoryError when the budget is below the
+    smallest peak the plan can reach (the model is left as it was).
     """
+    if memory_budget is not None:
+        from spillway.activations._eager_budget import BudgetedOffload
+        return BudgetedOffload(model, memory_budget,
+                               scope=None if scope is _DEFAULT_SCOPE else scope,
+                               min_bytes=min_bytes, prefetch=prefetch, device=device, lag=lag,
+                               layers=layers, device_profile=device_profile)
+    if device_profile is not None:
+        raise ValueError("[eager] device_profile is for memory_budget= planning; got "
+                         f"{_shown(device_profile)} without a memory_budget")
     return OffloadActivations(model, scope=scope, min_bytes=min_bytes, prefetch=prefetch,
                               device=device, lag=lag, layers=layers)
 
@@ -493,13 +529,19 @@ class OffloadActivations:
             # never found layer 0, 16, 32, ...).
             if self._next_layer % 16 == 0:
                 self._prune_layers()
-            position = self._position.get(id(module))
-            layer = _Layer(self._next_layer, self._pass_id,
-                           self._selected is None or position in self._selected)
+            layer = _Layer(self._next_layer, self._pass_id, self._select_layer(module, args))
             self._next_layer += 1
             self._layers[layer.index] = layer
             self._current = layer
             self._stats["layers"] += 1
+
+    def _select_layer(self, module, args) -> bool:
+        """Whether the saved tensors of this call of a scope module may be offloaded.
+
+        Called under the lock when a scope module starts in forward (outermost
+        calls only); the budgeted context decides per call.
+        """
+        return self._selected is None or self._position.get(id(module)) in self._selected
 
     def _on_layer_end(self, module, args, output):
         if self._in_backward() or self._depth == 0:

@@ -1,0 +1,238 @@
+"""The block-level graph the eager budget planner plans on (Spillway IR, docs/graph-format.md).
+
+The eager path has no joint graph: it sees a model as a sequence of block
+calls. The profiling step (_eager_budget.py) measures, per call, its forward
+and backward time, the bytes it saves for backward and its input and output
+bytes; this module writes them as a graph whose nodes stand for whole blocks:
+
+    resident, offset                placeholders: bytes live all step
+    pre_forward -> pre_saved        the work before the first block (embeddings)
+    pre_output  -> X_-1             the first block's input
+    per call k (module stack of the block, e.g. ["model.layers.3"]):
+      b{k}_forward(X_k-1) -> S_k    everything the block saves for backward,
+                                    one uint8 [1, bytes] tensor; time = forward
+      b{k}_output(S_k)    -> X_k    the block output, time 0
+    post_forward(X_last) -> post_saved; loss(post_saved) -> loss
+    post_backward(post_saved, loss) -> G_last; other_param_grads(G_last)
+    per call k, last first:
+      b{k}_backward(S_k, X_k-1, G_k) -> G_k-1    time = backward without recompute
+      b{k}_param_grads(G_k-1) -> dW_k            the block's new .grad storages
+    pre_backward(pre_saved, G_-1); output(loss, every dW)
+
+The planner's candidates are then S_k (keep / offload / recompute: rebuild
+S_k by running b{k}_forward again from X_k-1, i.e. checkpoint the block) and
+X_k (keep / offload; X_k-1 offloaded with S_k recomputed is a checkpointed
+block whose saved input goes to host memory). b{k}_output's schema says
+`random` only to forbid recomputing X_k: in eager a block output cannot be
+rebuilt on its own. b{k}_forward is deterministic as far as the planner is
+concerned: torch.utils.checkpoint replays the RNG state.
+
+Known approximations (see the report of issue 10's eager item):
+  * S_k excludes the storages of the block's tensor inputs and outputs (they
+    are X_k-1 and X_k). X_k-1 is counted live until b{k}_backward even where
+    the block does not save its input (a bf16 Llama layer saves the fp32
+    copy its RMSNorm makes, not the bf16 input): the planner sees up to one
+    hidden state per block more than the run holds when it keeps a block.
+  * Non-block backward times are not measured: twice their forward time.
+
+Thread-safety: pure functions over their arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+NAMESPACE = "eager_block"
+
+_OPS = {
+    # name: (argument names, random)
+    "pre": (["resident"], False),
+    "forward": (["input"], False),
+    "output": (["saved"], True),  # never recomputed: see the module docstring
+    "post": (["input"], False),
+    "loss": (["saved"], True),
+    "post_backward": (["saved", "loss"], False),
+    "backward": (["saved", "input", "grad_output"], False),
+    "param_grads": (["grad_input"], False),
+    "pre_backward": (["saved", "grad_output"], False),
+}
+
+
+@dataclass
+class BlockCall:
+    """What the profiling step measured for one call of one block."""
+
+    block: int                 # index into the context's block list
+    path: str                  # the block's qualified module name
+    forward_ms: float = 0.0
+    backward_ms: float | None = None  # recompute + backward as measured; None: unknown
+    saved_bytes: int = 0       # unique storages saved, inputs/outputs/parameters excluded
+    input_bytes: int = 0       # the storage of its first tensor input (the hidden state)
+    output_bytes: int = 0      # the storage of its first tensor output
+    new_grad_bytes: int = 0    # .grad storages its backward allocates (grads None before)
+
+    def plain_backward_ms(self) -> float:
+        """Backward time without the checkpoint's recompute (measured as recompute + backward)."""
+        if self.backward_ms is None:
+            return 2.0 * self.forward_ms
+        return max(0.0, self.backward_ms - self.forward_ms)
+
+
+@dataclass
+class StepProfile:
+    """The profiling step: its block calls in forward order and the rest of the step."""
+
+    calls: list[BlockCall] = field(default_factory=list)
+    pre_forward_ms: float = 0.0    # model start to the first block
+    post_forward_ms: float = 0.0   # the last block to the model's end
+    pre_saved_bytes: int = 0       # saved outside blocks before the first block
+    post_saved_bytes: int = 0      # saved outside blocks after the first block started
+    other_new_grad_bytes: int = 0  # .grad storages of parameters outside the blocks
+    resident_bytes: int = 0        # allocated at the step's start
+    measured_peak_bytes: int | None = None  # max allocated over the step (CUDA only)
+
+
+def graph_block_paths(paths: list[str]) -> list[list[str]]:
+    """The module stack each block's nodes carry.
+
+    The planner finds repeated blocks as module paths that end in a list
+    index under one parent ("model.layers.3"). Blocks named that way keep
+    their own path; others (the children of an nn.Sequential, "0"; a scope
+    such as "model.layers.3.self_attn") sit under "blocks.<i>" with their own
+    path below it.
+    """
+    parents = {m.group(1) for m in (re.fullmatch(r"(.+)\.\d+", p) for p in paths) if m}
+    if len(parents) == 1 and all(re.fullmatch(r".+\.\d+", p) for p in paths):
+        return [[p] for p in paths]
+    return [[f"blocks.{i}", p] for i, p in enumerate(paths)]
+
+
+class _Writer:
+    def __init__(self, device: str):
+        self.nodes: list[dict] = []
+        self.device = device
+
+    def tensor(self, nbytes: int, storage: int) -> dict:
+        n = max(0, int(nbytes))
+        return {"type": "tensor", "dtype": "uint8", "element_size": 1, "sizes": [1, n],
+                "strides": [n, 1], "contiguous": True, "storage": storage,
+                "device": self.device, "dtensor": False}
+
+    def add(self, name: str, kind: str, target: str, args: list, phase: str,
+            stack: list[str], nbytes: int | None, time_ms: float | None = None) -> int:
+        node_id = len(self.nodes)
+        node = {"id": node_id, "name": name, "kind": kind, "target": target,
+                "args": [{"node": a} if isinstance(a, int) else a for a in args],
+                "kwargs": {}, "phase": phase, "module_stack": stack,
+                "value": {"type": "none"} if nbytes is None else self.tensor(nbytes, node_id)}
+        if time_ms is not None:
+            node["time_ms"] = float(max(0.0, time_ms))
+        self.nodes.append(node)
+        return node_id
+
+    def op(self, name: str, args: list, phase: str, stack: list[str], nbytes: int | None,
+           time_ms: float = 0.0, node_name: str | None = None) -> int:
+        return self.add(node_name or name, "call_function", f"{NAMESPACE}.{name}.default", args,
+                        phase, stack, nbytes, time_ms)
+
+
+def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
+                checkpointed: bool = False, device: str = "cuda:0") -> dict:
+    """The block graph of `profile` as a JSON-ready dict.
+
+    resident_bytes / offset_bytes: the two placeholders' sizes (see
+    calibration_offset); the .grad storages backward allocates are the
+    profile's new_grad_bytes. checkpointed: every block recomputes S_k in backward (a
+    b{k}_recompute node before b{k}_backward), the profiling step itself;
+    recomputed_ids() lists those nodes for the simulator.
+    """
+    w = _Writer(device)
+    stacks = graph_block_paths([c.path for c in profile.calls])
+    resident = w.add("resident", "placeholder", "resident", [], "forward", [], resident_bytes)
+    offset = w.add("offset", "placeholder", "offset", [], "forward", [], offset_bytes)
+    first_input = profile.calls[0].input_bytes if profile.calls else 0
+    pre_saved = w.op("pre", [resident], "forward", [], profile.pre_saved_bytes,
+                     profile.pre_forward_ms, "pre_forward")
+    x = w.op("output", [pre_saved], "forward", [], first_input, 0.0, "pre_output")
+    inputs, saved = [], []
+    for k, call in enumerate(profile.calls):
+        inputs.append(x)
+        s = w.op("forward", [x], "forward", stacks[k], call.saved_bytes, call.forward_ms,
+                 f"b{k}_forward")
+        saved.append(s)
+        x = w.op("output", [s], "forward", stacks[k], call.output_bytes, 0.0, f"b{k}_output")
+    post_saved = w.op("post", [x], "forward", [], profile.post_saved_bytes,
+                      profile.post_forward_ms, "post_forward")
+    loss = w.op("loss", [post_saved], "forward", [], 4, 0.0, "loss")
+    last_out = profile.calls[-1].output_bytes if profile.calls else first_input
+    grad = w.op("post_backward", [post_saved, loss], "backward", [], last_out,
+                2.0 * profile.post_forward_ms)
+    grads = [w.op("param_grads", [grad], "backward", [],
+                  profile.other_new_grad_bytes, 0.0, "other_param_grads")]
+    for k in reversed(range(len(profile.calls))):
+        call = profile.calls[k]
+        s = saved[k]
+        if checkpointed:
+            s = w.op("forward", [inputs[k]], "backward", stacks[k], call.saved_bytes,
+                     call.forward_ms, f"b{k}_recompute")
+        grad_in_bytes = profile.calls[k - 1].output_bytes if k > 0 else first_input
+        grad = w.op("backward", [s, inputs[k], grad], "backward", stacks[k], grad_in_bytes,
+                    call.plain_backward_ms(), f"b{k}_backward")
+        grads.append(w.op("param_grads", [grad], "backward", stacks[k],
+                          call.new_grad_bytes, 0.0, f"b{k}_param_grads"))
+    done = w.op("pre_backward", [pre_saved, grad], "backward", [], 4,
+                2.0 * profile.pre_forward_ms)
+    w.add("output", "output", "output", [[{"node": n} for n in [loss, offset, done, *grads]]],
+          "backward", [], None)
+    ops = {f"{NAMESPACE}.{name}.default": {
+        "namespace": NAMESPACE, "mutable": False, "view": False,
+        **({"random": True} if random else {}),
+        "arguments": [{"name": a} for a in args]} for name, (args, random) in _OPS.items()}
+    return {"format": "spillway.graph", "version": 1,
+            "name": "eager block graph" + (" (every block checkpointed)" if checkpointed else ""),
+            "metadata": {"exporter": "spillway.activations._budget_graph/1",
+                         "blocks": str(len(profile.calls))},
+            "ops": ops, "nodes": w.nodes}
+
+
+def recomputed_ids(graph: dict) -> list[int]:
+    """The b{k}_recompute nodes of a checkpointed block graph."""
+    return [n["id"] for n in graph["nodes"] if re.fullmatch(r"b\d+_recompute", n["name"])]
+
+
+def calibration_offset(simulate, profile: StepProfile, device: str) -> tuple[int, dict]:
+    """The offset placeholder's bytes that make the graph match the measured step.
+
+    The block graph knows what blocks save and what they pass on, not the
+    transient memory of the work around them (logits and their float copy in
+    the loss, the loss gradient, the allocator's slack) nor the bytes a block
+    allocates while it runs. One constant stands for all of it: the offset
+    placeholder, live the whole step, sized so that the simulated peak of the
+    profiling step as it ran (every block checkpointed, the resident bytes of
+    its start, its .grad storages allocated in backward) equals the measured
+    peak. A constant shifts every plan's peak by the same amount; it is exact
+    for plans whose peak falls where the profiling step's did (the end of
+    forward or the loss, for a transformer) and errs on the safe side
+    elsewhere. Without a measured peak (CPU) the offset is 0.
+
+    The offset may come out negative (the graph overestimates); the caller
+    then takes it off the resident placeholder (placeholder_bytes).
+    simulate(graph_json, recomputed) -> dict is the simulator binding.
+    Returns (offset, facts for the plan's report).
+    """
+    graph = block_graph(profile, resident_bytes=profile.resident_bytes, offset_bytes=0,
+                        checkpointed=True, device=device)
+    simulated = simulate(json.dumps(graph), recomputed_ids(graph))["peak_bytes"]
+    offset = 0 if profile.measured_peak_bytes is None else (
+        profile.measured_peak_bytes - simulated)
+    return offset, {"measured_peak_bytes": profile.measured_peak_bytes,
+                    "simulated_peak_bytes": simulated, "offset_bytes": offset}
+
+
+def placeholder_bytes(resident: int, offset: int) -> tuple[int, int]:
+    """(resident placeholder, offset placeholder) for a signed calibration offset."""
+    if offset >= 0:
+        return resident, offset
+    return max(0, resident + offset), 0

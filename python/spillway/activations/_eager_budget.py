@@ -1,0 +1,670 @@
+"""Eager activation offload under a memory budget: keep, offload or checkpoint each block.
+
+    ctx = spillway.offload_activations(model, memory_budget="12GiB")
+    for batch in data:
+        with ctx:
+            loss = model(batch).loss
+        loss.backward()
+    ctx.plan.forecast()   # {"step_ms": ..., "peak_bytes": ..., ...}
+
+What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
+
+  1. The blocks are the elements of the model's largest nn.ModuleList (the
+     decoder layers), or, without one, the model read as a sequence (eager.py's
+     layer rules); `scope` restricts them to the matching modules (outermost
+     ones only).
+  2. The first step under the context is the profiling step. Every block runs
+     under torch.utils.checkpoint (non-reentrant, RNG state preserved), so the
+     step fits in about the memory of full checkpointing and its results are
+     bitwise those of a plain step. Per block call it measures: the forward
+     time (CUDA events, perf_counter on the CPU); the backward time, from the
+     gradient reaching the block's output to it reaching the block's input
+     (tensor hooks), less the recompute; the bytes the block saves for
+     backward when not checkpointed, counted during the checkpoint's own
+     recompute by a saved-tensor hook that hands every tensor on to the
+     checkpoint's (no extra forward: no RNG draw, no extra module state
+     update); its input and output bytes. For the step: the bytes allocated
+     at its start and its peak (torch.cuda.max_memory_allocated after
+     torch.cuda.reset_peak_memory_stats at the step's start: the caller's
+     peak statistics restart there), and the bytes saved outside the blocks.
+  3. At the start of the next step, the measurements become a block graph in
+     Spillway IR (_budget_graph.py), calibrated on the measured peak, and the
+     C++ budget planner (spillway._C.plan_memory_budget) picks, per block's
+     saved tensors S_k and per block output X_k, keep, offload or recompute.
+  4. Decisions become actions per block call:
+       S_k keep                 nothing;
+       S_k offload              the block's saved tensors go through the
+                                offload store (eager.py: lag, prefetch);
+       S_k recompute            the block runs under checkpoint;
+       X_k-1 offload            the block's saved input goes through the store
+                                (with S_k recompute: the checkpoint's saved
+                                input; otherwise the saved tensors that share
+                                the input's storage).
+     They apply from that step on; `ctx.plan` is the EagerBudgetPlan.
+
+A budget below the smallest peak the planner reaches raises its MemoryError
+at the start of the second step (inside the model call; the context exits
+and the model is as it was). Results stay bitwise equal to the run without
+spillway on every step: checkpoint replays the RNG, the store moves bytes.
+
+Thread-safety: as eager.py (one context per model; backward hooks take the
+context's lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import time
+import warnings
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import checkpoint
+
+from spillway.activations import eager
+from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
+                                                calibration_offset, placeholder_bytes)
+
+__all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_budget"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_MISSING = object()
+
+
+def parse_memory_budget(value) -> tuple[int | None, float | None]:
+    """(bytes, None) or (None, fraction of the no-offload peak); ValueError naming the problem."""
+    what = ("[eager] memory_budget must be bytes (an int > 0 or a string such as '12GiB', "
+            "'800MiB', '1.5e9') or a float in (0, 1], a fraction of the peak without offload")
+    if isinstance(value, bool):
+        raise ValueError(f"{what}; got {eager._shown(value)}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{what}; got {value} bytes")
+        return value, None
+    if isinstance(value, float):
+        if not math.isfinite(value) or not 0.0 < value <= 1.0:
+            hint = (f" (for {value:g} bytes pass an int or a string)" if value > 1 and
+                    math.isfinite(value) else "")
+            raise ValueError(f"{what}; got the float {value!r}{hint}")
+        return None, value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        unit = m and _UNITS.get(m.group(2).lower())
+        if not m or unit is None:
+            raise ValueError(f"{what}; could not read {value!r} (units: B, KB, MB, GB, TB, "
+                             "KiB, MiB, GiB, TiB)")
+        nbytes = int(float(m.group(1)) * unit)
+        if nbytes <= 0:
+            raise ValueError(f"{what}; got {value!r}, which is {nbytes} bytes")
+        return nbytes, None
+    raise ValueError(f"{what}; got {eager._shown(value)}")
+
+
+def budget_blocks(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
+    """The blocks a budget plans over (module docstring, point 1); ValueError when none."""
+    if scope is None or (isinstance(scope, str) and scope == "*"):
+        lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+        best = max(lists, key=lambda nm: len(nm[1]), default=None)
+        if best is not None and len(best[1]) > 0:
+            found = [(f"{best[0]}.{i}" if best[0] else str(i), m) for i, m in enumerate(best[1])]
+        else:
+            found = eager._layer_sequence("", model)
+    else:
+        found = eager._scope_modules(model, scope)
+    blocks, seen = [], set()
+    for name, m in found:
+        if id(m) in seen or any(name.startswith(f"{outer}.") for outer, _ in blocks):
+            continue  # a module registered twice is one block; nested ones belong to the outer
+        seen.add(id(m))
+        blocks.append((name, m))
+    if not blocks:
+        raise ValueError(f"[eager] memory_budget: {type(model).__name__} has no blocks to plan "
+                         "over (no nn.ModuleList, no children with parameters)")
+    return blocks
+
+
+def _device_profile_json(device_profile) -> str:
+    if device_profile is None:
+        return ""
+    if isinstance(device_profile, dict):
+        return json.dumps(device_profile)
+    if isinstance(device_profile, (str, os.PathLike)):
+        try:
+            with open(device_profile, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise ValueError(f"[eager] device_profile: cannot read {str(device_profile)!r}: "
+                             f"{e.strerror}") from None
+    raise ValueError(f"[eager] device_profile must be a path to a device-profile JSON file or "
+                     f"a dict, got {eager._shown(device_profile)}")
+
+
+def _bindings():
+    from spillway import _C
+    missing = [f for f in ("plan_memory_budget", "simulate_graph") if not hasattr(_C, f)]
+    if missing:
+        raise RuntimeError(f"[eager] memory_budget needs spillway._C.{missing[0]}, which this "
+                           "build lacks: rebuild the extension (cmake --preset python && "
+                           "cmake --build --preset python)")
+    return _C
+
+
+def _warm_checkpoint() -> None:
+    """Runs torch.utils.checkpoint once on a scalar: its first call imports torch._dynamo
+    (seconds), which would otherwise be timed as the first block's forward."""
+    x = torch.zeros((), requires_grad=True)
+    checkpoint(torch.sin, x, use_reentrant=False, preserve_rng_state=False).backward()
+
+
+def _tensors(value, depth: int = 3) -> list[torch.Tensor]:
+    """The tensors in a value and in its tuples, lists and dict values, in order (a few
+    levels deep: Llama's position_embeddings=(cos, sin) keyword)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth == 0:
+        return []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v, depth - 1)]
+    return []
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return StorageWeakRef(t.untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return None  # no storage (sparse, nested, a subclass without one)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockChoice:
+    """The plan for one block call of a step (calls in forward order)."""
+
+    call: int                   # position among the step's block calls
+    block: str                  # the block's qualified module name
+    saved: str                  # "keep" | "offload" | "recompute" (recompute: checkpointed)
+    input: str                  # "keep" | "offload": the block's saved input
+    saved_bytes: int            # what the block saves for backward, input and output aside
+    input_bytes: int
+    forward_ms: float
+    backward_ms: float          # without recompute
+
+    @property
+    def checkpoint(self) -> bool:
+        return self.saved == "recompute"
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallPolicy:
+    checkpoint: bool
+    offload_saved: bool
+    offload_input: bool
+    input_keys: frozenset = frozenset()
+
+
+class EagerBudgetPlan:
+    """What the planner chose for a BudgetedOffload, and what it forecasts.
+
+    choices: a BlockChoice per block call. budget_bytes: the budget in bytes
+    (a fraction resolved against the baseline's peak). calibration: the
+    measured and simulated peaks of the profiling step and the offset
+    between them (_budget_graph.calibration_offset). result: the planner's
+    JSON answer as a dict. graph: the block graph planned on (a dict).
+    """
+
+    def __init__(self, *, choices, budget_bytes, result, graph, options, calibration, profile):
+        self.choices: list[BlockChoice] = choices
+        self.budget_bytes: int = budget_bytes
+        self.result: dict = result
+        self.graph: dict = graph
+        self.calibration: dict = calibration
+        self.profile: StepProfile = profile
+        self._options = options
+
+    def forecast(self) -> dict:
+        """The predicted step: step_ms, peak_bytes, bytes_offloaded (each way),
+        bytes_recomputed, recompute_ms, compute_wait_ms, peak_node, peak_phase, and
+        baseline_step_ms / baseline_peak_bytes (every block kept), budget_bytes."""
+        f, b = self.result["forecast"], self.result["baseline"]
+        out = {k: f[k] for k in ("step_ms", "peak_bytes", "bytes_offloaded", "bytes_recomputed",
+                                 "recompute_ms", "compute_wait_ms", "peak_node", "peak_phase")
+               if k in f}
+        out.update(baseline_step_ms=b["step_ms"], baseline_peak_bytes=b["peak_bytes"],
+                   budget_bytes=self.budget_bytes)
+        return out
+
+    def _replan(self, **extra) -> dict:
+        _C = _bindings()
+        return json.loads(_C.plan_memory_budget(json.dumps(self.graph), self.budget_bytes,
+                                                **self._options, **extra))
+
+    def chrome_trace(self, path: str | os.PathLike) -> None:
+        """Writes the simulator's Chrome trace (Perfetto-readable JSON) of the planned step."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._replan(trace=True)["chrome_trace"])
+
+    def memory_svg(self, path: str | os.PathLike, title: str = "eager step under a budget"
+                   ) -> None:
+        """Writes the simulator's memory-over-time picture (SVG) of the planned step."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._replan(svg_title=title)["memory_svg"])
+
+    def __repr__(self) -> str:
+        mix = {}
+        for c in self.choices:
+            key = c.saved + ("+input offload" if c.input == "offload" else "")
+            mix[key] = mix.get(key, 0) + 1
+        f = self.forecast()
+        return (f"EagerBudgetPlan(budget={self.budget_bytes / 2**30:.2f} GiB, {mix}, "
+                f"forecast {f['step_ms']:.1f} ms at {f['peak_bytes'] / 2**30:.2f} GiB)")
+
+
+class _Clock:
+    """Marks on the device's compute stream (CUDA events) or the host clock (CPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def ms(self, start, end) -> float:
+        if start is None or end is None:
+            return 0.0
+        return start.elapsed_time(end) if self.cuda else 1e3 * (end - start)
+
+
+class _Recording:
+    """The profiling step in progress: marks and byte counts, turned into a StepProfile."""
+
+    def __init__(self, clock: _Clock):
+        self.clock = clock
+        self.calls: list[BlockCall] = []
+        self.marks: list[dict] = []  # per call: fwd_start, fwd_end, bwd_start, bwd_end
+        self.model_start = clock.mark()
+        self.model_end = None
+        self.backward_end = None
+        self.pre_saved: dict = {}
+        self.post_saved: dict = {}
+        self.resident_bytes = 0
+        self.peak_bytes: int | None = None
+        self.backward_seen = False
+        self.complete = False
+        self.grads: tuple[list[int], int] = ([], 0)  # BudgetedOffload._new_grad_bytes at the start
+        self.params: set = set()  # parameter and buffer storages (never counted as saved)
+
+    def profile(self, grads: tuple[list[int], int]) -> StepProfile:
+        ms = self.clock.ms
+        for call, mark in zip(self.calls, self.marks):
+            call.forward_ms = ms(mark["fwd_start"], mark["fwd_end"])
+            start, end = mark.get("bwd_start"), mark.get("bwd_end") or self.backward_end
+            call.backward_ms = ms(start, end) if start is not None and end is not None else None
+        per_call, other = grads
+        for call, nbytes in zip(self.calls, per_call):
+            call.new_grad_bytes = nbytes
+        first = self.marks[0]["fwd_start"] if self.marks else None
+        last = self.marks[-1]["fwd_end"] if self.marks else None
+        return StepProfile(
+            calls=self.calls,
+            pre_forward_ms=ms(self.model_start, first) if first is not None else 0.0,
+            post_forward_ms=ms(last, self.model_end) if last is not None else 0.0,
+            pre_saved_bytes=sum(self.pre_saved.values()),
+            post_saved_bytes=sum(self.post_saved.values()),
+            other_new_grad_bytes=other, resident_bytes=self.resident_bytes,
+            measured_peak_bytes=self.peak_bytes)
+
+
+class BudgetedOffload(eager.OffloadActivations):
+    """offload_activations(memory_budget=...): see the module docstring."""
+
+    def __init__(self, model, memory_budget, *, scope=None, min_bytes=1 << 20, prefetch=1,
+                 device=None, lag=1, layers=None, device_profile=None):
+        if layers is not None:
+            raise ValueError("[eager] layers= and memory_budget= do not go together: the plan "
+                             "chooses what each block does (use scope= to restrict the blocks)")
+        self._budget_bytes, self._budget_fraction = parse_memory_budget(memory_budget)
+        super().__init__(model, scope=scope, min_bytes=min_bytes, prefetch=prefetch,
+                         device=device, lag=lag)
+        if not self._enabled:
+            raise ValueError(f"[eager] memory_budget: the model is on {self._device}, which has "
+                             "no device memory to plan; move it to a CUDA device, or pass "
+                             "device='cpu' to drive the path through the fake copy backend "
+                             "(for testing)")
+        self._blocks = budget_blocks(model, scope)
+        self._scope = self._blocks
+        self._position = {id(m): i for i, (_, m) in enumerate(self._blocks)}
+        self._profile_json = _device_profile_json(device_profile)
+        _C = _bindings()
+        try:  # reject a bad profile now, not at the second step
+            _C.simulate_graph(json.dumps({"format": "spillway.graph", "version": 1, "nodes": []}),
+                              device_profile_json=self._profile_json)
+        except ValueError as e:
+            raise ValueError(f"[eager] device_profile: {e}") from None
+        _warm_checkpoint()
+        self._clock = _Clock(self._device)
+        self.plan: EagerBudgetPlan | None = None
+        self._policies: list[_CallPolicy] = []
+        self._recording: _Recording | None = None
+        self._pass_mode = "plain"
+        self._call_ordinal = 0
+        self._call_state = None  # (ordinal, mode, policy) of the block call whose forward is next
+        self._layer_policy: dict[int, _CallPolicy] = {}
+        self._saved_forwards: list = []
+        self._warned_cache = False
+
+    # ---- context ------------------------------------------------------------
+
+    def __enter__(self):
+        super().__enter__()
+        if self._inactive is None:
+            self._module_hooks.append(
+                self._model.register_forward_hook(self._on_model_end, always_call=True))
+            for _, module in self._blocks:
+                self._saved_forwards.append((module, module.__dict__.get("forward", _MISSING)))
+                module.forward = self._forward_of(module, module.forward)
+        return self
+
+    def __exit__(self, *exc):
+        for module, old in reversed(self._saved_forwards):
+            if old is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = old
+        self._saved_forwards = []
+        self._call_state = None
+        return super().__exit__(*exc)
+
+    # ---- per step -----------------------------------------------------------
+
+    def _on_model_call(self, module, args):
+        super()._on_model_call(module, args)
+        if self._in_backward():
+            return
+        self._call_ordinal = 0
+        self._call_state = None
+        self._layer_policy.clear()
+        if not torch.is_grad_enabled():
+            self._pass_mode = "plain"  # nothing is saved: nothing to plan
+            return
+        with self._lock:
+            ready = self._recording is not None and self._recording.complete
+        if self.plan is None and ready:
+            self._make_plan()  # the planner's MemoryError leaves through the model call
+        if self.plan is not None:
+            self._pass_mode = "plan"
+        elif self._recording is None:
+            self._pass_mode = "profile"
+            self._start_recording()
+        else:
+            self._pass_mode = "checkpoint"  # the profiling step's backward has not run yet
+
+    def _on_model_end(self, module, args, output):
+        rec = self._recording
+        if self._pass_mode == "profile" and rec is not None and rec.model_end is None:
+            rec.model_end = self._clock.mark()
+
+    def _start_recording(self) -> None:
+        rec = _Recording(self._clock)
+        if self._device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._device)
+            rec.resident_bytes = torch.cuda.memory_allocated(self._device)
+        else:
+            rec.resident_bytes = self._host_resident_bytes()
+        rec.grads = self._new_grad_bytes()
+        rec.params = {StorageWeakRef(t.untyped_storage()) for t in
+                      (*self._model.parameters(), *self._model.buffers())}
+        self._recording = rec
+
+    def _host_resident_bytes(self) -> int:
+        """What a CPU model holds at a step's start: weights, buffers and .grad storages."""
+        seen = {}
+        for t in (*self._model.parameters(), *self._model.buffers()):
+            for x in (t, t.grad if isinstance(t, nn.Parameter) else None):
+                if x is not None and x.device == self._device:
+                    seen[StorageWeakRef(x.untyped_storage())] = x.untyped_storage().nbytes()
+        return sum(seen.values())
+
+    def _new_grad_bytes(self) -> tuple[list[int], int]:
+        """Bytes of the .grad storages backward will allocate (grads None now): per block
+        (indexed by block), then for the parameters outside the blocks."""
+        counted, per_block = set(), []
+        for _, module in self._blocks:
+            total = 0
+            for p in module.parameters():
+                if p.requires_grad and p.grad is None and id(p) not in counted:
+                    counted.add(id(p))
+                    total += p.nbytes
+            per_block.append(total)
+        other = sum(p.nbytes for p in self._model.parameters()
+                    if p.requires_grad and p.grad is None and id(p) not in counted)
+        return per_block, other
+
+    def _grads_per_call(self, calls: list[BlockCall], grads) -> tuple[list[int], int]:
+        """A block's new .grad bytes go to its last call (backward reaches it first)."""
+        per_block, other = grads
+        last = {c.block: i for i, c in enumerate(calls)}
+        return [per_block[c.block] if last[c.block] == i else 0
+                for i, c in enumerate(calls)], other
+
+    # ---- block calls --------------------------------------------------------
+
+    def _select_layer(self, module, args) -> bool:
+        ordinal = self._call_ordinal
+        self._call_ordinal += 1
+        policy = None
+        if self._pass_mode == "plan" and ordinal < len(self._policies):
+            policy = self._policies[ordinal]
+        self._call_state = (ordinal, self._pass_mode, policy)
+        if policy is None or not (policy.offload_saved or policy.offload_input):
+            return False
+        keys = frozenset(k for k in map(_storage_key, _tensors(args)) if k is not None)
+        self._layer_policy[self._next_layer] = dataclasses.replace(policy, input_keys=keys)
+        return True
+
+    def _skip_reason(self, t):
+        reason = super()._skip_reason(t)
+        if reason == "outside_scope" and self._pass_mode == "profile":
+            self._count_outside(t)
+        elif reason is None:
+            policy = self._layer_policy.get(self._current.index)
+            if policy is not None:
+                is_input = _storage_key(t) in policy.input_keys
+                if not (policy.offload_input if is_input else policy.offload_saved):
+                    reason = "layer_not_selected"  # the plan keeps this part of the layer
+        return reason
+
+    def _count_outside(self, t) -> None:
+        rec = self._recording
+        key = _storage_key(t)
+        if rec is None or key is None or key in rec.params or t.device != self._device:
+            return
+        where = rec.post_saved if rec.calls else rec.pre_saved
+        where[key] = t.untyped_storage().nbytes()
+
+    def _forward_of(self, module, original):
+        def forward(*args, **kwargs):
+            state, self._call_state = self._call_state, None
+            if state is None or self._in_backward() or not torch.is_grad_enabled():
+                return original(*args, **kwargs)
+            ordinal, mode, policy = state
+            if mode == "profile" and self._recording is not None:
+                return self._profiled_call(module, original, args, kwargs)
+            if mode == "checkpoint" or (policy is not None and policy.checkpoint):
+                self._warn_cache(kwargs)
+                return checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
+                                  **kwargs)
+            return original(*args, **kwargs)
+        return forward
+
+    def _warn_cache(self, kwargs) -> None:
+        if kwargs.get("use_cache") is True and not self._warned_cache:
+            self._warned_cache = True
+            warnings.warn("[eager] memory_budget checkpoints blocks called with use_cache=True: "
+                          "each recompute appends the block's keys and values to the cache "
+                          "again (the results are unchanged, the memory and time are not, and "
+                          "the profiling step overcounts what blocks save). Call the model "
+                          "with use_cache=False when training", UserWarning, stacklevel=4)
+
+    def _profiled_call(self, module, original, args, kwargs):
+        """One block call of the profiling step: checkpointed, timed, its saved bytes counted."""
+        rec, clock = self._recording, self._clock
+        index = self._position[id(module)]
+        call = BlockCall(block=index, path=self._blocks[index][0])
+        marks: dict = {}
+        rec.calls.append(call)
+        rec.marks.append(marks)
+        inputs = _tensors(args) + _tensors(kwargs)
+        input_keys = {k for k in map(_storage_key, inputs) if k is not None}
+        if inputs:
+            call.input_bytes = inputs[0].untyped_storage().nbytes()
+            if inputs[0].requires_grad:
+                inputs[0].register_hook(self._backward_mark(marks, "bwd_end"))
+
+        def counted(*a, **kw):
+            if not self._in_backward():
+                return original(*a, **kw)
+            return self._count_recompute(call, original, a, kw, input_keys)
+
+        self._warn_cache(kwargs)
+        marks["fwd_start"] = clock.mark()
+        out = checkpoint(counted, *args, use_reentrant=False, preserve_rng_state=True,
+                         early_stop=False, **kwargs)
+        marks["fwd_end"] = clock.mark()
+        outputs = _tensors(out)
+        if outputs:
+            call.output_bytes = outputs[0].untyped_storage().nbytes()
+            if outputs[0].requires_grad:
+                outputs[0].register_hook(self._backward_mark(marks, "bwd_start"))
+        return out
+
+    def _backward_mark(self, marks: dict, name: str):
+        def hook(grad):
+            if name not in marks:
+                marks[name] = self._clock.mark()
+            self._note_backward()
+        return hook
+
+    def _count_recompute(self, call: BlockCall, original, args, kwargs, input_keys):
+        """The checkpoint's recompute, with a saved-tensor hook that counts what the block
+        saves and hands every tensor on to the checkpoint's own hook (innermost before)."""
+        self._note_backward()
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if top is None:
+            return original(*args, **kwargs)
+        outer_pack, outer_unpack = top
+        rec, seen = self._recording, {}
+
+        def pack(t):
+            key = _storage_key(t)
+            if key is not None and key not in rec.params and t.device == self._device:
+                seen[key] = t.untyped_storage().nbytes()
+            return outer_pack(t)
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack):
+            out = original(*args, **kwargs)
+        output_keys = {k for k in map(_storage_key, _tensors(out)) if k is not None}
+        call.saved_bytes = sum(n for k, n in seen.items()
+                               if k not in input_keys and k not in output_keys)
+        return out
+
+    def _note_backward(self) -> None:
+        """The profiling step's backward is running: have its end recorded."""
+        rec = self._recording
+        with self._lock:
+            if rec is None or rec.backward_seen:
+                return
+            rec.backward_seen = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+
+    def _backward_done(self) -> None:
+        rec = self._recording
+        rec.backward_end = self._clock.mark()
+        if self._device.type == "cuda":
+            rec.peak_bytes = torch.cuda.max_memory_allocated(self._device)
+        with self._lock:
+            rec.complete = True
+
+    # ---- planning -----------------------------------------------------------
+
+    def _planner_options(self) -> dict:
+        # eager's lag L waits at the end of layer i + L: before the first node of
+        # region i + L + 1, the planner's release_lag L + 1.
+        return dict(scope="", allow_offload=True, allow_recompute=True,
+                    prefetch_regions=self._prefetch, release_lag=self._lag + 1,
+                    min_bytes=self._min_bytes, device_profile_json=self._profile_json)
+
+    def _simulate(self, graph_json: str, recomputed=()) -> dict:
+        return json.loads(_bindings().simulate_graph(graph_json,
+                                                     device_profile_json=self._profile_json,
+                                                     recomputed=list(recomputed)))
+
+    def _make_plan(self) -> None:
+        _C = _bindings()
+        rec = self._recording
+        if self._clock.cuda:
+            torch.cuda.synchronize(self._device)
+        measured = rec.profile(self._grads_per_call(rec.calls, rec.grads))
+        device = str(self._device)
+        offset, calibration = calibration_offset(self._simulate, measured, device)
+        # This step's state: the optimizer's and the grads' storages that now exist.
+        now = dataclasses.replace(measured, calls=[dataclasses.replace(c) for c in measured.calls])
+        per_call, other = self._grads_per_call(now.calls, self._new_grad_bytes())
+        for call, nbytes in zip(now.calls, per_call):
+            call.new_grad_bytes = nbytes
+        now.other_new_grad_bytes = other
+        resident = (torch.cuda.memory_allocated(self._device) if self._clock.cuda
+                    else self._host_resident_bytes())
+        resident, offset_bytes = placeholder_bytes(resident, offset)
+        graph = block_graph(now, resident_bytes=resident, offset_bytes=offset_bytes,
+                            device=device)
+        text = json.dumps(graph)
+        budget = self._budget_bytes
+        if budget is None:
+            baseline = self._simulate(text)["peak_bytes"]
+            budget = max(1, int(self._budget_fraction * baseline))
+        options = self._planner_options()
+        result = json.loads(_C.plan_memory_budget(text, budget, **options))
+        self._policies, choices = self._policies_of(result, now)
+        self.plan = EagerBudgetPlan(choices=choices, budget_bytes=budget, result=result,
+                                    graph=graph, options=options, calibration=calibration,
+                                    profile=now)
+
+    @staticmethod
+    def _policies_of(result: dict, profile: StepProfile):
+        n = len(profile.calls)
+        saved, output = ["keep"] * n, ["keep"] * n
+        for choice in result["choices"]:
+            m = re.fullmatch(r"b(\d+)_(forward|output)", choice["name"])
+            if m is None:
+                continue
+            (saved if m.group(2) == "forward" else output)[int(m.group(1))] = choice["decision"]
+        policies, choices = [], []
+        for k, call in enumerate(profile.calls):
+            input_decision = output[k - 1] if k > 0 else "keep"
+            policies.append(_CallPolicy(checkpoint=saved[k] == "recompute",
+                                        offload_saved=saved[k] == "offload",
+                                        offload_input=input_decision == "offload"))
+            choices.append(BlockChoice(call=k, block=call.path, saved=saved[k],
+                                       input=input_decision, saved_bytes=call.saved_bytes,
+                                       input_bytes=call.input_bytes,
+                                       forward_ms=call.forward_ms,
+                                       backward_ms=call.plain_backward_ms()))
+        return policies, choices
+
+    def stats(self) -> dict:
+        """eager's counters, plus "pass_mode" (plain / profile / checkpoint / plan)."""
+        out = super().stats()
+        out["pass_mode"] = self._pass_mode
+        return out

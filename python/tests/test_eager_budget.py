@@ -1,0 +1,385 @@
+"""spillway.offload_activations(model, memory_budget=...) (activations/_eager_budget.py).
+
+Properties: the loss and every gradient are bit-equal to the run without
+spillway on every step, the first (profiling, every block checkpointed) too,
+at budgets from "everything fits" to the smallest reachable peak, on the tiny
+Llama, a GPT-2 with dropout (checkpoint must replay the RNG) and the toy
+models of test_eager_adversarial.py; the plan's decisions really happen
+(bytes move, blocks recompute); bad budgets are refused with a message that
+names the problem; an unreachable budget raises the planner's MemoryError and
+leaves the model as it was. CPU tensors stand for device memory (device="cpu",
+the fake backend); the peak-memory property of the profiling step needs CUDA.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pathlib
+
+import pytest
+import torch
+
+if os.environ.get("SPILLWAY_REQUIRE_EXTENSION") == "1":
+    from spillway import ops  # scripts/test built it: failing to import is a failure
+else:
+    ops = pytest.importorskip(
+        "spillway.ops", reason="spillway._C is not built (cmake --preset python && "
+        "cmake --build --preset python)", exc_type=ImportError)
+
+from spillway import _C  # noqa: E402
+from spillway.activations._eager_budget import parse_memory_budget  # noqa: E402
+from spillway.activations.eager import offload_activations  # noqa: E402
+
+from _models import deterministic_cuda, tiny_gpt2, tiny_llama  # noqa: E402
+from test_eager_adversarial import D, Toy, ViewGradBlock, _input, _stack  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(_C, "plan_memory_budget"),
+    reason="spillway._C lacks the budget planner bindings (rebuild the extension)")
+
+CUDA = torch.cuda.is_available() and ops.cuda_built()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device and spillway._C with CUDA")
+
+H200 = pathlib.Path(__file__).resolve().parents[2] / "src/sim/profiles/nvidia-h200.json"
+
+
+def _slow_link_profile() -> dict:
+    """The H200 profile with a link 10^5 times slower: offload costs more than recompute."""
+    profile = json.loads(H200.read_text())
+    for curve in ("d2h", "h2d", "d2h_duplex", "h2d_duplex"):
+        for point in profile[curve]:
+            point["gbs"] *= 1e-5
+    return profile
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same(loss, grads, ref_loss, ref_grads, step):
+    assert torch.equal(loss, ref_loss), f"step {step}: loss {loss.item()} != {ref_loss.item()}"
+    assert grads.keys() == ref_grads.keys()
+    for name, g in ref_grads.items():
+        assert torch.equal(grads[name], g), f"step {step}: gradient of {name} differs"
+
+
+def _sgd(model, lr=1e-2):
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.sub_(lr * p.grad)
+
+
+class _Hf:
+    """A Hugging Face causal LM: loss = model(ids, labels=ids).loss."""
+
+    def __init__(self, model, ids):
+        self.model, self.ids = model, ids
+
+    def loss(self):
+        return self.model(self.ids, labels=self.ids).loss
+
+
+class _Toy:
+    """A model of test_eager_adversarial.py whose output is (reduced to) a scalar."""
+
+    def __init__(self, model, x):
+        self.model, self.x = model, x
+
+    def loss(self):
+        out = self.model(self.x)
+        return out if out.dim() == 0 else out.square().mean()
+
+
+def _workloads():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        views = torch.nn.Sequential(ViewGradBlock(), ViewGradBlock(), ViewGradBlock())
+    rows = 256  # activations well above the weights, so budgets below the baseline exist
+    return {
+        "llama": lambda: _Hf(*tiny_llama(0, layers=3)),
+        "gpt2-dropout": lambda: _Hf(*tiny_gpt2(1, layers=3, dropout=0.1)),
+        "toy": lambda: _Toy(Toy(layers=4, seed=2), _input(2, rows)),
+        "toy-shared-inner-ckpt": lambda: _Toy(Toy(layers=3, seed=4, ckpt_mlp=True, shared=True),
+                                              _input(4, rows)),
+        "sequential": lambda: _Toy(_stack(5, "cpu"), _input(5, rows)),
+        "view-grad": lambda: _Toy(views, _input(6, rows).requires_grad_()),
+    }
+
+
+WORKLOADS = _workloads()
+
+
+def _run(work, ctx, steps, seed=100):
+    """Steps under ctx, each against a plain step from the same RNG state; returns ctx."""
+    model = work.model
+    for step in range(steps):
+        torch.manual_seed(seed + step)
+        model.zero_grad(set_to_none=True)
+        ref_loss = work.loss()
+        ref_loss.backward()
+        ref_grads = _grads(model)
+        torch.manual_seed(seed + step)
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            loss = work.loss()
+        loss.backward()
+        _assert_same(loss.detach(), _grads(model), ref_loss.detach(), ref_grads, step)
+        _sgd(model)
+    return ctx
+
+
+def _budget_ctx(work, budget, **kwargs):
+    kwargs.setdefault("min_bytes", 0)
+    return offload_activations(work.model, memory_budget=budget, device="cpu", **kwargs)
+
+
+def _reachable_range(work, **kwargs) -> tuple[int, int]:
+    """(smallest reachable peak, peak without offload) of work's block graph, in bytes."""
+    plan = _run(work, _budget_ctx(work, 1.0, **kwargs), steps=2, seed=7).plan
+    baseline = plan.forecast()["baseline_peak_bytes"]
+    # A budget at or above the baseline plans nothing and reports no smallest peak.
+    below = json.loads(_C.plan_memory_budget(json.dumps(plan.graph), baseline - 1,
+                                             **plan._options))
+    return below["min_reachable_bytes"], baseline
+
+
+def _smallest_reachable(work, **kwargs) -> int:
+    """A budget just above the smallest reachable peak (the timings of another context's
+    profiling step differ a little; the bytes do not)."""
+    smallest, baseline = _reachable_range(work, **kwargs)
+    return smallest + (baseline - smallest) // 50
+
+
+@pytest.fixture
+def no_leaks():
+    gc.collect()
+    ops.synchronize()
+    before = ops.pool_stats("cpu")["bytes_live"]
+    yield
+    gc.collect()
+    ops.synchronize()
+    assert ops.pending_waits() == 0
+    assert ops.pool_stats("cpu")["bytes_live"] == before
+
+
+# ---- bitwise equality at several budgets ------------------------------------
+
+
+@pytest.mark.parametrize("link", ["h200", "slow-link"])
+@pytest.mark.parametrize("budget", ["all-fits", "half", "smallest"])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_loss_and_every_gradient_bit_equal_on_every_step(name, budget, link, no_leaks):
+    work = WORKLOADS[name]()
+    profile = _slow_link_profile() if link == "slow-link" else None
+    if budget == "all-fits":
+        value = 1.0
+    else:
+        smallest, baseline = _reachable_range(work, device_profile=profile)
+        share = 50 if budget == "smallest" else 2
+        value = smallest + (baseline - smallest) // share
+    ctx = _run(work, _budget_ctx(work, value, device_profile=profile), steps=3)
+    plan = ctx.plan
+    assert plan is not None and len(plan.choices) > 0
+    forecast = plan.forecast()
+    assert forecast["peak_bytes"] <= plan.budget_bytes
+    decisions = {c.saved for c in plan.choices} | {c.input for c in plan.choices}
+    if budget == "all-fits":
+        assert decisions == {"keep"}, plan
+        assert ctx.stats()["bytes_offloaded"] == 0
+    if budget == "smallest":
+        assert decisions != {"keep"}, plan
+    if any(c.saved == "offload" or c.input == "offload" for c in plan.choices):
+        assert ctx.stats()["bytes_offloaded"] > 0, (plan, ctx.stats())
+
+
+def test_first_step_checkpoints_every_block_then_the_plan_applies():
+    work = WORKLOADS["toy"]()
+    blocks = list(work.model.layers)
+    recomputed = []
+    hooks = [b.attn.register_forward_pre_hook(
+        lambda m, a, i=i: recomputed.append(i) if torch._C._current_graph_task_id() != -1
+        else None) for i, b in enumerate(blocks)]
+    ctx = _budget_ctx(work, 1.0)
+    _run(work, ctx, steps=1)
+    assert sorted(recomputed) == list(range(len(blocks)))  # each block ran again in backward
+    assert ctx.plan is None and ctx.stats()["bytes_offloaded"] == 0
+    recomputed.clear()
+    _run(work, ctx, steps=1)  # the plan: everything fits, nothing recomputed
+    assert ctx.plan is not None and recomputed == []
+    for h in hooks:
+        h.remove()
+
+
+def test_recompute_decisions_checkpoint_those_blocks():
+    work = WORKLOADS["toy"]()
+    blocks = list(work.model.layers)
+    smallest = _smallest_reachable(work, device_profile=_slow_link_profile())
+    recomputed = []
+    hooks = [b.attn.register_forward_pre_hook(
+        lambda m, a, i=i: recomputed.append(i) if torch._C._current_graph_task_id() != -1
+        else None) for i, b in enumerate(blocks)]
+    ctx = _budget_ctx(work, smallest, device_profile=_slow_link_profile())
+    _run(work, ctx, steps=2)
+    recomputed.clear()
+    _run(work, ctx, steps=1)
+    for h in hooks:
+        h.remove()
+    chosen = [c.call for c in ctx.plan.choices if c.checkpoint]
+    assert chosen, ctx.plan  # a slow link and the smallest budget: something recomputes
+    assert sorted(recomputed) == chosen
+
+
+@pytest.mark.parametrize("saved, offload_input", [
+    ("keep", True), ("offload", False), ("offload", True), ("recompute", True)])
+def test_each_decision_maps_to_its_eager_action(saved, offload_input, no_leaks):
+    """Whatever the planner picks, a call's actions are bit-exact and move what they say:
+    the plan is replaced by one decision for every block but the first."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    work = WORKLOADS["toy"]()
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    n = len(ctx.plan.choices)
+    forced = _CallPolicy(checkpoint=saved == "recompute", offload_saved=saved == "offload",
+                         offload_input=offload_input)
+    ctx._policies = [_CallPolicy(False, False, False)] + [forced] * (n - 1)
+    before = ctx.stats()
+    _run(work, ctx, steps=1)
+    stats = ctx.stats()
+    moved = stats["bytes_offloaded"] - before["bytes_offloaded"]
+    storages = stats["storages_offloaded"] - before["storages_offloaded"]
+    x_bytes = 256 * D * 4  # one hidden state: each block's input
+    if saved == "offload":
+        # Everything a block saves but its input, and its input when offload_input.
+        assert moved > (n - 1) * x_bytes * (2 if offload_input else 1)
+    else:
+        # Only the inputs: a kept block's input storage (Block.attn saves x), or the
+        # checkpoint's saved input.
+        assert moved == (n - 1) * x_bytes and storages == n - 1, stats
+
+
+def test_plan_forecast_trace_and_picture(tmp_path):
+    work = WORKLOADS["llama"]()
+    smallest, baseline = _reachable_range(work, min_bytes=256)
+    fraction = (smallest + baseline) / 2 / baseline
+    ctx = _run(work, _budget_ctx(work, fraction, min_bytes=256), steps=2)
+    plan = ctx.plan
+    forecast = plan.forecast()
+    for key in ("step_ms", "peak_bytes", "bytes_offloaded", "bytes_recomputed",
+                "baseline_step_ms", "baseline_peak_bytes", "budget_bytes"):
+        assert key in forecast, forecast
+    assert forecast["peak_bytes"] <= forecast["budget_bytes"] < forecast["baseline_peak_bytes"]
+    assert forecast["budget_bytes"] == int(fraction * forecast["baseline_peak_bytes"])
+    assert {c.saved for c in plan.choices} != {"keep"}
+    assert [c.block for c in plan.choices] == [f"model.layers.{i}" for i in range(3)]
+    plan.chrome_trace(tmp_path / "t.json")
+    assert "traceEvents" in json.loads((tmp_path / "t.json").read_text())
+    plan.memory_svg(tmp_path / "m.svg", title="tiny llama")
+    assert (tmp_path / "m.svg").read_text().lstrip().startswith("<svg")
+    assert "EagerBudgetPlan(" in repr(plan)
+
+
+def test_scope_restricts_the_blocks():
+    work = WORKLOADS["llama"]()
+    ctx = _run(work, _budget_ctx(work, 1.0, scope="mlp"), steps=2)
+    assert [c.block for c in ctx.plan.choices] == [f"model.layers.{i}.mlp" for i in range(3)]
+
+
+# ---- errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, expected", [
+    (12, (12, None)), ("12GiB", (12 << 30, None)), ("800 MiB", (800 << 20, None)),
+    ("1.5e9", (1_500_000_000, None)), ("2kb", (2000, None)), (0.5, (None, 0.5)),
+    (1.0, (None, 1.0))])
+def test_budget_values_are_read(value, expected):
+    assert parse_memory_budget(value) == expected
+
+
+@pytest.mark.parametrize("value, message", [
+    (0, "got 0 bytes"), (-5, "got -5 bytes"), (True, "got True"), (1.5, "float 1.5"),
+    (0.0, "float 0.0"), (float("nan"), "float nan"), ("12 parsecs", "could not read"),
+    ("", "could not read"), ("-3GiB", "could not read"), ("0GiB", "which is 0 bytes"),
+    ([1], r"got \[1\]")])
+def test_bad_budgets_are_refused_naming_the_problem(value, message):
+    model, _ = tiny_llama(0)
+    with pytest.raises(ValueError, match=r"\[eager\] memory_budget.*" + message):
+        offload_activations(model, memory_budget=value, device="cpu")
+
+
+def test_budget_on_a_cpu_model_without_device_is_refused():
+    model, _ = tiny_llama(0)
+    with pytest.raises(ValueError, match="memory_budget: the model is on cpu.*device='cpu'"):
+        offload_activations(model, memory_budget="1GiB")
+
+
+def test_budget_with_layers_or_a_bad_profile_is_refused(tmp_path):
+    model, _ = tiny_llama(0)
+    with pytest.raises(ValueError, match="layers= and memory_budget="):
+        offload_activations(model, memory_budget=0.5, device="cpu", layers=[0])
+    with pytest.raises(ValueError, match="device_profile: cannot read"):
+        offload_activations(model, memory_budget=0.5, device="cpu",
+                            device_profile=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=r"device_profile: .*\[sim\] device profile"):
+        offload_activations(model, memory_budget=0.5, device="cpu", device_profile={"a": 1})
+    with pytest.raises(ValueError, match="device_profile is for memory_budget"):
+        offload_activations(model, device="cpu", device_profile={"a": 1})
+
+
+def test_unreachable_budget_raises_the_planners_error_and_leaves_the_model(no_leaks):
+    work = WORKLOADS["toy"]()
+    model = work.model
+    ctx = _budget_ctx(work, 1024)  # below the weights alone
+    _run(work, ctx, steps=1)  # the profiling step fits: everything is checkpointed
+    torch.manual_seed(0)
+    with pytest.raises(MemoryError, match=r"smallest reachable|reachable"):
+        with ctx:
+            work.loss()
+    assert ctx.plan is None
+    for module in model.modules():
+        assert "forward" not in module.__dict__
+        assert not module._forward_pre_hooks and not module._forward_hooks
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    work.loss().backward()  # the model still trains without spillway
+
+
+# ---- CUDA -------------------------------------------------------------------
+
+
+@needs_cuda
+def test_cuda_profiling_step_peaks_below_a_plain_step_and_stays_bit_equal():
+    with deterministic_cuda():
+        model, ids = tiny_llama(5, device="cuda", dtype=torch.bfloat16, layers=6, hidden=512,
+                                intermediate=2048, heads=8, kv_heads=4, batch=4, seq=1024)
+        work = _Hf(model, ids)
+
+        def step(ctx):
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            torch.manual_seed(0)
+            if ctx is None:
+                loss = work.loss()
+            else:
+                with ctx:
+                    loss = work.loss()
+            loss.backward()
+            torch.cuda.synchronize()
+            return loss.detach(), _grads(model), torch.cuda.max_memory_allocated()
+
+        step(None)  # warm up kernels and the allocator
+        ref_loss, ref_grads, plain_peak = step(None)
+        ctx = offload_activations(model, memory_budget=0.6)
+        loss, grads, profiled_peak = step(ctx)
+        _assert_same(loss, grads, ref_loss, ref_grads, 0)
+        assert profiled_peak < plain_peak, (profiled_peak, plain_peak)
+        loss, grads, planned_peak = step(ctx)
+        _assert_same(loss, grads, ref_loss, ref_grads, 1)
+        calibration = ctx.plan.calibration
+        assert calibration["measured_peak_bytes"] == profiled_peak
+        assert planned_peak < plain_peak
