@@ -552,6 +552,18 @@ def _render_profiles(profiled: list[dict], base: dict) -> list[str]:
     return out
 
 
+def _write(results: list[dict], passthrough: list[str], args) -> str:
+    command = "python3 bench/torch/t1.py " + " ".join(passthrough)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    table = render(results, command)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -601,14 +613,8 @@ def main() -> int:
         print(f"[t1] {spec}: " + (f"error {r['error']}" if "error" in r else
               f"{r['step_ms_median']:.1f} ms, activation {r['activation_gib']} GiB")
               + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-    command = "python3 bench/torch/t1.py " + " ".join(passthrough)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    table = render(results, command)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
+        # Written after every method, so a run cut short keeps what it measured.
+        table = _write(results, passthrough, args)
     print(table)
     return 1 if any("error" in r for r in results) else 0
 

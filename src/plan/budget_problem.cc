@@ -349,10 +349,12 @@ void BudgetProblem::build_model() {
         }
       }
     }
-    // Under Inductor a value recomputed for free is computed inside its
-    // readers' kernels and never lands in memory of its own; offloading it
-    // would make it (and move bytes a fused kernel rebuilds).
-    if (c.free_recompute) c.can_offload = false;
+    // Under Inductor a fusible value is computed inside its readers' kernels
+    // and never lands in memory of its own. Offloading it would make it: bytes
+    // a fused kernel rebuilds for free, and, in 16-bit, a rounding the fused
+    // kernel (which keeps such intermediates in fp32) never does. A bf16 tiny
+    // Llama on the H200 lost bit-exactness that way (2026-12-01).
+    if (options_.partitioner_recomputes_pointwise && fusible(graph_, node)) c.can_offload = false;
     if (c.can_offload || c.can_recompute) model.push_back(std::move(c));
   }
   // Drop candidates that can do nothing; reindex the reads.
