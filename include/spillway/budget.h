@@ -43,8 +43,12 @@ std::string_view to_string(Decision decision);
 
 struct BudgetOptions {
   // Peak device bytes the step may use (weights and everything the simulator
-  // counts included). > 0.
+  // counts included). > 0, unless budget_fraction is set.
   std::int64_t budget_bytes = 0;
+  // When in (0, 1]: the budget is this fraction of the baseline's simulated
+  // peak (the graph as given, or with the partitioner's recomputes), and
+  // budget_bytes is ignored (plan_memory_budget only).
+  double budget_fraction = 0;
   // Restrict candidates to the modules whose last path component is `scope`
   // ("self_attn", "mlp"); empty: every repeated block.
   std::string scope;
@@ -73,6 +77,10 @@ struct BudgetChoice {
   bool can_offload = false;
   bool can_recompute = false;
   double recompute_ms = 0;    // its node and the intermediates it needs
+  // partitioner_recomputes_pointwise: recomputed for free by the partitioner
+  // (decision kRecompute from the start; a plan leaves it to the partitioner
+  // when it changes nothing else).
+  bool by_partitioner = false;
 };
 
 // What a plan is predicted to cost, by the full simulator.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "cli/budget_report.h"
 #include "spillway/budget.h"
 #include "spillway/error.h"
 #include "spillway/graph.h"
@@ -34,6 +35,7 @@ struct Knobs {
   bool trace = false;
   std::string svg_title;
   bool partitioner = false;
+  double budget_fraction = 0;
 };
 
 BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
@@ -46,6 +48,7 @@ BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
   options.release_lag = knobs.release_lag;
   options.min_bytes = knobs.min_bytes;
   options.partitioner_recomputes_pointwise = knobs.partitioner;
+  options.budget_fraction = knobs.budget_fraction;
   return options;
 }
 
@@ -54,35 +57,11 @@ CostModel cost_of(const Knobs& knobs) {
                                                      : parse_device_profile(knobs.device_profile_json));
 }
 
-json forecast_json(const Forecast& f) {
-  return {{"step_ms", f.step_ms},
-          {"peak_bytes", f.peak_bytes},
-          {"peak_node", f.peak_node},
-          {"peak_phase", std::string(to_string(f.peak_phase))},
-          {"bytes_offloaded", f.bytes_offloaded},
-          {"bytes_recomputed", f.bytes_recomputed},
-          {"recompute_ms", f.recompute_ms},
-          {"compute_wait_ms", f.compute_wait_ms}};
-}
-
+// budget_report's object (choices, forecast, baseline, blocks), plus the
+// recomputed nodes, the edits and the pictures the Python side asks for.
 json plan_json(const BudgetPlan& plan, const Knobs& knobs, bool with_edits) {
-  json choices = json::array();
-  for (const BudgetChoice& c : plan.choices) {
-    choices.push_back({{"node", c.node},
-                       {"name", c.name},
-                       {"block", c.block},
-                       {"bytes", c.bytes},
-                       {"decision", std::string(to_string(c.decision))},
-                       {"can_offload", c.can_offload},
-                       {"can_recompute", c.can_recompute},
-                       {"recompute_ms", c.recompute_ms}});
-  }
-  json out = {{"budget_bytes", plan.options.budget_bytes},
-              {"choices", std::move(choices)},
-              {"forecast", forecast_json(plan.forecast)},
-              {"baseline", forecast_json(plan.baseline)},
-              {"min_reachable_bytes", plan.min_reachable_bytes},
-              {"recomputed_nodes", plan.recomputed_nodes}};
+  json out = cli::budget_plan_json(plan, true);
+  out["recomputed_nodes"] = plan.recomputed_nodes;
   if (with_edits) out["edit_list"] = edit_list(plan.graph, plan.edits);
   if (knobs.trace) out["chrome_trace"] = chrome_trace(plan.graph, plan.simulation);
   if (!knobs.svg_title.empty()) {
@@ -124,9 +103,10 @@ void init_budget(py::module_& m) {
       [](const std::string& graph_json, std::int64_t budget_bytes, const std::string& scope,
          bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
          std::int64_t min_bytes, const std::string& profile, bool trace,
-         const std::string& svg_title, bool partitioner) {
-        const Knobs knobs{scope,   allow_offload, allow_recompute, prefetch_regions, release_lag,
-                          min_bytes, profile,     trace,           svg_title,        partitioner};
+         const std::string& svg_title, bool partitioner, double budget_fraction) {
+        Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
+                    min_bytes, profile,       trace,           svg_title,        partitioner};
+        knobs.budget_fraction = budget_fraction;
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
@@ -135,6 +115,7 @@ void init_budget(py::module_& m) {
         });
       },
       py::arg("graph_json"), py::arg("budget_bytes"), py::kw_only(), SPILLWAY_BUDGET_KNOB_ARGS,
+      py::arg("budget_fraction") = 0.0,
       "Plans keep / offload / recompute for every saved activation of a joint graph (Spillway "
       "graph JSON) so that the simulated peak fits budget_bytes, the fastest such plan "
       "(include/spillway/budget.h). Returns JSON text: budget_bytes, choices (node, name, block, "
@@ -143,7 +124,9 @@ void init_budget(py::module_& m) {
       "recompute_ms, compute_wait_ms), min_reachable_bytes, recomputed_nodes, edit_list (as "
       "plan_activation_offload's), and with trace / svg_title the simulator's Chrome trace and "
       "memory picture of the plan. device_profile_json empty: the shipped H200 profile. "
-      "partitioner: BudgetOptions::partitioner_recomputes_pointwise (torch.compile). Raises "
+      "partitioner: BudgetOptions::partitioner_recomputes_pointwise (torch.compile). "
+      "budget_fraction in (0, 1]: the budget is that fraction of the baseline's peak and "
+      "budget_bytes is ignored. Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");
   m.def(

@@ -20,10 +20,11 @@ _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z%]*)\s*$")
 
 
-def parse_memory_budget(value: object) -> tuple[str, float]:
-    """("bytes", n) or ("fraction", f) for a budget; ValueError naming `value` otherwise."""
+def parse_memory_budget(value: object, component: str = "budget") -> tuple[str, float]:
+    """("bytes", n) or ("fraction", f) for a budget; ValueError naming `value` otherwise,
+    its message starting with "[component] "."""
     def bad(why: str) -> ValueError:
-        return ValueError(f"[budget] memory_budget={value!r}: {why} (give bytes as an int, a "
+        return ValueError(f"[{component}] memory_budget={value!r}: {why} (give bytes as an int, a "
                           "string such as '12GiB' or '800MiB', or a fraction of the no-offload "
                           "peak in (0, 1] such as 0.6 or '60%')")
 

@@ -37,10 +37,15 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 STEPS = 3
 
 
+# Big enough that saved matmul outputs, not the loss, set the peak once the
+# partitioner's own recomputes are counted (the planner's baseline).
+VOCAB, BATCH, SEQ = 1024, 4, 128
+
+
 def _tiny_llama(seed=0, layers=3):
     config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, attn_implementation="sdpa")
+        hidden_size=64, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, attn_implementation="sdpa")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.LlamaForCausalLM(config)
@@ -48,8 +53,9 @@ def _tiny_llama(seed=0, layers=3):
 
 
 def _ids(seed):
+    """Distinct token ids: Inductor's CPU embedding backward adds with atomics."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randperm(128, generator=gen)[:64].view(2, 32)
+    return torch.randperm(VOCAB, generator=gen)[:BATCH * SEQ].view(BATCH, SEQ)
 
 
 def _train(model, run, steps):
@@ -95,17 +101,19 @@ def test_a_budget_at_the_graphs_peak_changes_nothing(backend):
     assert len(plans) == 1
     plan = plans[0]
     assert plan.budget is not None
-    assert all(c["decision"] == "keep" for c in plan.budget["choices"])
+    # Everything kept, but what the partitioner recomputes for free anyway.
+    assert all(c["decision"] == "keep" or c["by_partitioner"] for c in plan.budget["choices"])
     assert plan.plan["edit_list"] == []
     assert _max_difference(got, want) == 0.0
 
 
-@pytest.mark.parametrize("fraction", [0.95, 0.88])
+@pytest.mark.parametrize("fraction", [0.95, 0.85])
 def test_smaller_budgets_fit_their_forecast_and_stay_bit_exact_under_aot_eager(fraction):
     got, want, plans = _run(fraction, "aot_eager")
     (plan,) = plans
     forecast = plan.forecast()
     assert forecast["peak_bytes"] <= forecast["budget_bytes"]
+    # The fraction is of the planner's baseline (with the partitioner's recomputes).
     assert forecast["budget_bytes"] == int(fraction * forecast["baseline"]["peak_bytes"])
     decisions = {c["decision"] for c in plan.budget["choices"]}
     assert decisions - {"keep"}, "the plan changes nothing below the peak"
@@ -124,7 +132,7 @@ def test_offload_only_budget_is_bit_exact_under_inductor():
 
 
 def test_a_recomputing_budget_under_inductor_stays_within_rounding():
-    got, want, plans = _run(0.88, "inductor")
+    got, want, plans = _run(0.85, "inductor")
     assert _max_difference(got, want) < 1e-4
 
 
@@ -181,8 +189,7 @@ def test_cuda_bf16_budget_plans_under_inductor(allow_recompute):
         base = _tiny_llama(layers=4).to(device="cuda", dtype=torch.bfloat16)
         steps = [_ids(s).cuda() for s in range(STEPS)]
         model = copy.deepcopy(base)
-        # Offload alone reaches less (about 0.92 of this graph's peak in bf16).
-        run = compiled.compile(model, memory_budget=0.9 if allow_recompute else 0.96,
+        run = compiled.compile(model, memory_budget=0.85 if allow_recompute else 0.95,
                                allow_recompute=allow_recompute, min_bytes=0)
         got = _train(model, run, steps)
         (plan,) = compiled.last_plans()

@@ -61,7 +61,9 @@ json forecast_json(const Forecast& f) {
           {"compute_wait_ms", f.compute_wait_ms}};
 }
 
-json plan_object(const BudgetPlan& plan, bool with_choices) {
+}  // namespace
+
+json budget_plan_json(const BudgetPlan& plan, bool with_choices) {
   json blocks = json::array();
   for (const auto& [name, mix] : blocks_of(plan)) {
     blocks.push_back({{"block", name},
@@ -86,14 +88,13 @@ json plan_object(const BudgetPlan& plan, bool with_choices) {
                          {"decision", std::string(to_string(c.decision))},
                          {"can_offload", c.can_offload},
                          {"can_recompute", c.can_recompute},
-                         {"recompute_ms", c.recompute_ms}});
+                         {"recompute_ms", c.recompute_ms},
+                         {"by_partitioner", c.by_partitioner}});
     }
     out["choices"] = std::move(choices);
   }
   return out;
 }
-
-}  // namespace
 
 std::int64_t parse_budget(std::string_view text, std::int64_t graph_peak) {
   const std::string original(text);
@@ -181,11 +182,11 @@ std::string format_sweep_text(const std::vector<BudgetPlan>& plans, const std::s
   return out;
 }
 
-std::string format_budget_json(const BudgetPlan& plan) { return plan_object(plan, true).dump(); }
+std::string format_budget_json(const BudgetPlan& plan) { return budget_plan_json(plan, true).dump(); }
 
 std::string format_sweep_json(const std::vector<BudgetPlan>& plans) {
   json out = json::array();
-  for (const BudgetPlan& plan : plans) out.push_back(plan_object(plan, false));
+  for (const BudgetPlan& plan : plans) out.push_back(budget_plan_json(plan, false));
   return out.dump();
 }
 

@@ -6,6 +6,7 @@
 // Thread-safety: pure functions; call from any thread.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,8 +30,11 @@ std::string format_budget_text(const BudgetPlan& plan, const std::string& device
 // The curve of a sweep: one row per budget.
 std::string format_sweep_text(const std::vector<BudgetPlan>& plans, const std::string& device);
 
-// The same as JSON objects ("budget_bytes", "forecast", "baseline", "blocks",
-// "choices" for one plan; a list of them, without "choices", for a sweep).
+// The same as JSON objects ("budget_bytes", "forecast", "baseline",
+// "min_reachable_bytes", "blocks", and with_choices "choices" for one plan; a
+// list of them, without "choices", for a sweep). budget_plan_json is the
+// object itself (the Python bindings add to it).
+nlohmann::json budget_plan_json(const BudgetPlan& plan, bool with_choices);
 std::string format_budget_json(const BudgetPlan& plan);
 std::string format_sweep_json(const std::vector<BudgetPlan>& plans);
 

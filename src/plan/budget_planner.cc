@@ -44,7 +44,10 @@ void validate(const BudgetOptions& options) {
   auto reject = [](const std::string& option, const std::string& value, const char* why) {
     throw InvalidArgument("plan", "option " + option + " is " + value + "; " + why);
   };
-  if (options.budget_bytes <= 0) {
+  if (!(options.budget_fraction >= 0 && options.budget_fraction <= 1)) {
+    reject("budget_fraction", std::to_string(options.budget_fraction), "it must be in (0, 1]");
+  }
+  if (options.budget_fraction == 0 && options.budget_bytes <= 0) {
     reject("budget_bytes", std::to_string(options.budget_bytes), "it must be > 0");
   }
   if (options.prefetch_regions < 0) {
@@ -59,8 +62,11 @@ void validate(const BudgetOptions& options) {
   }
 }
 
+// The smaller of the unchanged graph's peak and that of every candidate
+// taken off (recompute where allowed, else offload).
 std::int64_t min_reachable(const BudgetProblem& problem) {
-  return problem.materialise(plan::everything(problem.model())).forecast.peak_bytes;
+  return std::min(problem.baseline_peak(),
+                  problem.materialise(plan::everything(problem.model())).forecast.peak_bytes);
 }
 
 // Search, materialise, and search again with the full simulation's overshoot
@@ -107,14 +113,21 @@ std::string_view to_string(Decision decision) {
   return "unknown";
 }
 
-BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& options,
+BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& requested,
                               const CostModel& cost) {
-  validate(options);
+  validate(requested);
   verify_graph(graph);
-  const BudgetProblem problem(graph, options, cost);
+  const BudgetProblem problem(graph, requested, cost);
+  BudgetOptions options = requested;
+  if (options.budget_fraction > 0) {
+    options.budget_bytes = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(options.budget_fraction *
+                                     static_cast<double>(problem.baseline_peak())));
+  }
   std::vector<Decision> state = problem.initial();
   if (problem.baseline_peak() <= options.budget_bytes) {
     BudgetPlan plan = problem.unchanged();
+    plan.options = options;
     plan.min_reachable_bytes = min_reachable(problem);
     return plan;
   }
@@ -128,6 +141,7 @@ BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& options,
                                   std::to_string(floor) + " bytes), the graph's own peak " +
                                   gib(problem.baseline_peak()));
   }
+  plan->options = options;
   plan->min_reachable_bytes = min_reachable(problem);
   return std::move(*plan);
 }

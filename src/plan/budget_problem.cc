@@ -91,6 +91,7 @@ std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& de
     choice.can_offload = c.can_offload;
     choice.can_recompute = c.can_recompute;
     choice.recompute_ms = c.recompute_ms;
+    choice.by_partitioner = c.free_recompute;
     out.push_back(std::move(choice));
   }
   return out;

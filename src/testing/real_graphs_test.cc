@@ -90,6 +90,9 @@ const std::vector<GraphExpectation>& documented_graphs() {
   constexpr std::int64_t kLlama8bSkipped = 2 * (1 * 32 * 8192 * 128 * 2) + 1 * 1 * 8192 * 8192 * 2;
   constexpr std::int64_t kLlamaTinySkipped = 2 * (2 * 4 * 256 * 64 * 4) + 2 * 1 * 256 * 256 * 4;
   constexpr std::int64_t kGpt2Probabilities = 2 * 4 * 256 * 256 * 4;
+  // T1 (batch 4, seq 4096, 16 heads of 128, bf16): rotary Q and K and the
+  // causal mask, all read by SDPA's tuple; its fp32 logsumexp moves.
+  constexpr std::int64_t kT1Skipped = 2 * (4 * 16 * 4096 * 128 * 2) + 4 * 1 * 4096 * 4096 * 2;
   static const std::vector<GraphExpectation> graphs = {
       {.file = "llama3-8b-s8192.json.zst",
        .scope = "self_attn",
@@ -114,6 +117,11 @@ const std::vector<GraphExpectation>& documented_graphs() {
        .min_bytes = 0,
        .chosen_per_layer = {0, 0},
        .skipped_per_layer = {3, kLlamaTinySkipped}},
+      {.file = "t1-h200-timed.json.zst",
+       .scope = "self_attn",
+       .chosen_per_layer = {1, 4 * 16 * 4096 * 1 * 4},
+       .reloads_prefetched = 16,
+       .skipped_per_layer = {3, kT1Skipped}},
       {.file = "gpt2-tiny.json.zst",
        .scope = "attn",
        .chosen_per_layer = {1, kGpt2Probabilities},

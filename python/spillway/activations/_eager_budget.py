@@ -66,44 +66,21 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import checkpoint
 
+from spillway import _budget
 from spillway.activations import eager
 from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
                                                 calibration_offset, placeholder_bytes)
 
 __all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_budget"]
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _MISSING = object()
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
-    """(bytes, None) or (None, fraction of the no-offload peak); ValueError naming the problem."""
-    what = ("[eager] memory_budget must be bytes (an int > 0 or a string such as '12GiB', "
-            "'800MiB', '1.5e9') or a float in (0, 1], a fraction of the peak without offload")
-    if isinstance(value, bool):
-        raise ValueError(f"{what}; got {eager._shown(value)}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError(f"{what}; got {value} bytes")
-        return value, None
-    if isinstance(value, float):
-        if not math.isfinite(value) or not 0.0 < value <= 1.0:
-            hint = (f" (for {value:g} bytes pass an int or a string)" if value > 1 and
-                    math.isfinite(value) else "")
-            raise ValueError(f"{what}; got the float {value!r}{hint}")
-        return None, value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        unit = m and _UNITS.get(m.group(2).lower())
-        if not m or unit is None:
-            raise ValueError(f"{what}; could not read {value!r} (units: B, KB, MB, GB, TB, "
-                             "KiB, MiB, GiB, TiB)")
-        nbytes = int(float(m.group(1)) * unit)
-        if nbytes <= 0:
-            raise ValueError(f"{what}; got {value!r}, which is {nbytes} bytes")
-        return nbytes, None
-    raise ValueError(f"{what}; got {eager._shown(value)}")
+    """(bytes, None) or (None, fraction of the no-offload peak); ValueError naming the
+    problem (spillway._budget.parse_memory_budget, the compiled path's too)."""
+    kind, number = _budget.parse_memory_budget(value, "eager")
+    return (int(number), None) if kind == "bytes" else (None, float(number))
 
 
 def budget_blocks(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:

@@ -277,16 +277,14 @@ class _Session:
         text = json.dumps(exported)
         options = self.budget["options"]
         spec = self.budget["spec"]
-        if spec[0] == "fraction":
-            simulated = json.loads(_C.simulate_graph(
-                text, device_profile_json=options["device_profile_json"]))
-            budget = budget_bytes(spec, simulated["peak_bytes"])
-        else:
-            budget = budget_bytes(spec, 0)
+        # A fraction is of the planner's baseline: the graph with the
+        # partitioner's own recomputes, what plain torch.compile would peak at.
+        fraction = spec[1] if spec[0] == "fraction" else 0.0
+        budget = budget_bytes(spec, 0) if spec[0] == "bytes" else 0
         try:
             plan = json.loads(_C.plan_memory_budget(text, budget, trace=True,
                                                     svg_title="torch.compile joint graph",
-                                                    **options))
+                                                    budget_fraction=fraction, **options))
         except ValueError as e:
             if "no repeated blocks" in str(e) or "matches no module" in str(e):
                 plan = None  # a piece of the model without its blocks (a graph break)
@@ -474,7 +472,7 @@ def _budget_session(memory_budget: Any, allow_offload: Any, allow_recompute: Any
                     device_profile: Any, scope: Any, min_bytes: Any, prefetch: Any,
                     release_lag: Any) -> dict:
     """The memory_budget options, checked now (ValueError naming the bad one)."""
-    spec = parse_memory_budget(memory_budget)
+    spec = parse_memory_budget(memory_budget, "compiled")
     for name, value in (("allow_offload", allow_offload), ("allow_recompute", allow_recompute)):
         if not isinstance(value, bool):
             raise ValueError(f"[compiled] {name} must be a bool, got {value!r}")
