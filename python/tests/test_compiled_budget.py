@@ -81,9 +81,9 @@ def _max_difference(got, want):
     return worst
 
 
-def _run(budget, backend, **options):
+def _run(budget, backend, steps=STEPS, **options):
     base = _tiny_llama()
-    steps = [_ids(s) for s in range(STEPS)]
+    steps = [_ids(s) for s in range(steps)]
     model = copy.deepcopy(base)
     run = compiled.compile(model, backend=backend, memory_budget=budget, min_bytes=0, **options)
     _C.set_fake_copy_delay(0, 500, seed=3)
@@ -107,7 +107,7 @@ def test_a_budget_at_the_graphs_peak_changes_nothing(backend):
     assert _max_difference(got, want) == 0.0
 
 
-@pytest.mark.parametrize("fraction", [0.95, 0.85])
+@pytest.mark.parametrize("fraction", [0.85])
 def test_smaller_budgets_fit_their_forecast_and_stay_bit_exact_under_aot_eager(fraction):
     got, want, plans = _run(fraction, "aot_eager")
     (plan,) = plans
@@ -137,7 +137,7 @@ def test_a_recomputing_budget_under_inductor_stays_within_rounding():
 
 
 def test_the_forecast_comes_with_a_trace_and_a_picture(tmp_path):
-    _, _, plans = _run(0.9, "aot_eager")
+    _, _, plans = _run(0.9, "aot_eager", steps=1)
     (plan,) = plans
     plan.chrome_trace(str(tmp_path / "t.json"))
     plan.memory_svg(str(tmp_path / "m.svg"))
