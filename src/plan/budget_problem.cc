@@ -50,7 +50,7 @@ BudgetProblem::BudgetProblem(const Graph& graph, const BudgetOptions& options, c
       rule_options_(make_rule_options()),
       ctx_{index_, *regions_scope_, safety_, rule_options_} {
   collect_candidates();
-  baseline_ = simulate(graph_, cost_, SimOptions{});
+  baseline_ = simulate(graph_, cost_, SimOptions{});  // with its timeline: build_model reads it
   build_model();
   initial_.assign(model_->size(), Decision::kKeep);
   for (std::size_t i = 0; i < model_->size(); ++i) {
@@ -83,9 +83,7 @@ std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& de
     BudgetChoice choice;
     choice.node = c.node;
     choice.name = index_.node(c.node).name;
-    const std::string* root = regions_scope_->root_of(index_.node(c.node));
     choice.block = block_of(c.node);
-    (void)root;
     choice.bytes = c.bytes;
     choice.decision = decisions[i];
     choice.can_offload = c.can_offload;
@@ -248,9 +246,7 @@ void BudgetProblem::build_model() {
   const std::size_t n = graph_.nodes.size();
   std::vector<double> node_ms(n, 0.0);
   for (std::size_t p = 0; p < n; ++p) node_ms[p] = cost_.node_ms(graph_, graph_.nodes[p]);
-  SimOptions with_timeline;
-  with_timeline.record_timeline = true;
-  const SimResult timeline = simulate(graph_, cost_, with_timeline);
+  const SimResult& timeline = baseline_;
   std::vector<std::int64_t> live(n, 0);
   for (std::size_t p = 0; p < n && p < timeline.timeline.size(); ++p) {
     live[p] = timeline.timeline[p].live_bytes;
