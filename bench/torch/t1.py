@@ -32,8 +32,8 @@ BENCHMARKS.md). Methods:
                          gradients + 19 GiB), or a fraction of the no-offload peak
                          (spillway-eager-budget:0.5); more options after it
                          (spillway-eager-budget:7.1GiB,lag=2,prefetch=2). The first
-                         warm-up step profiles, the plan applies from the second
-                         (needs --warmup >= 2). The results carry the plan's
+                         two warm-up steps profile, the plan applies from the third
+                         (needs --warmup >= 3). The results carry the plan's
                          forecast beside the measurement (a table of its own).
   compiled               torch.compile (inductor), nothing
   compiled-ckpt-full     torch.compile over the checkpointed layers
@@ -280,7 +280,8 @@ def _eager_budget(model, device: str, options: dict, plain):
         if plan is not None:
             out["forecast"] = plan.forecast()
             out["calibration"] = plan.calibration
-            out["choices"] = [dict(block=c.block, saved=c.saved, input=c.input,
+            out["prefetch"] = plan.prefetch
+            out["choices"] = [dict(block=c.block, saved=c.saved, input=c.input, lag=c.lag,
                                    saved_bytes=c.saved_bytes, forward_ms=round(c.forward_ms, 3),
                                    backward_ms=round(c.backward_ms, 3)) for c in plan.choices]
             mix: dict = {}
@@ -583,9 +584,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.flat_steps < 0:
         parser.error("--steps must be >= 1, --warmup and --flat-steps >= 0")
-    if args.warmup < 2 and any(m.startswith("spillway-eager-budget") for m in args.method):
-        parser.error("spillway-eager-budget profiles its first step and plans at the second: "
-                     "--warmup must be >= 2")
+    if args.warmup < 3 and any(m.startswith("spillway-eager-budget") for m in args.method):
+        parser.error("spillway-eager-budget profiles its first two steps and plans at the "
+                     "third: --warmup must be >= 3")
     if args.one:
         print("T1RESULT " + json.dumps(run_one(args.one, args)), flush=True)
         return 0

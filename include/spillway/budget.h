@@ -57,6 +57,14 @@ struct BudgetOptions {
   // As in ActivationPlanOptions.
   int prefetch_regions = 1;
   int release_lag = 1;
+  // Eager mode (the offload store waits per block call): an offloaded value's
+  // device copy is let go at the end of the first forward region, release_lag
+  // regions after its producer's or later, by which the fast model expects
+  // its D2H to have finished; at the latest at the end of the last forward
+  // region (the wait stalls there if the copy is still running). The lag
+  // chosen per value is BudgetChoice::release_lag. Off: every value waits
+  // release_lag regions later, as ActivationPlanOptions::release_lag.
+  bool release_when_copied = false;
   std::int64_t min_bytes = 1 << 20;
   // torch.compile mode: the min-cut partitioner recomputes cheap pointwise
   // values on its own and Inductor fuses the recompute into backward kernels.
@@ -81,6 +89,11 @@ struct BudgetChoice {
   // (decision kRecompute from the start; a plan leaves it to the partitioner
   // when it changes nothing else).
   bool by_partitioner = false;
+  // Offloaded: the forward regions after its producer's at whose start its
+  // device copy is let go (BudgetOptions::release_lag, or the lag chosen with
+  // release_when_copied; one past the last region: at the end of the last
+  // forward region). -1 otherwise.
+  int release_lag = -1;
 };
 
 // What a plan is predicted to cost, by the full simulator.

@@ -36,6 +36,7 @@ struct Knobs {
   std::string svg_title;
   bool partitioner = false;
   double budget_fraction = 0;
+  bool release_when_copied = false;
 };
 
 BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
@@ -49,6 +50,7 @@ BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
   options.min_bytes = knobs.min_bytes;
   options.partitioner_recomputes_pointwise = knobs.partitioner;
   options.budget_fraction = knobs.budget_fraction;
+  options.release_when_copied = knobs.release_when_copied;
   return options;
 }
 
@@ -103,10 +105,12 @@ void init_budget(py::module_& m) {
       [](const std::string& graph_json, std::int64_t budget_bytes, const std::string& scope,
          bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
          std::int64_t min_bytes, const std::string& profile, bool trace,
-         const std::string& svg_title, bool partitioner, double budget_fraction) {
+         const std::string& svg_title, bool partitioner, double budget_fraction,
+         bool release_when_copied) {
         Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
                     min_bytes, profile,       trace,           svg_title,        partitioner};
         knobs.budget_fraction = budget_fraction;
+        knobs.release_when_copied = release_when_copied;
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
@@ -115,18 +119,20 @@ void init_budget(py::module_& m) {
         });
       },
       py::arg("graph_json"), py::arg("budget_bytes"), py::kw_only(), SPILLWAY_BUDGET_KNOB_ARGS,
-      py::arg("budget_fraction") = 0.0,
+      py::arg("budget_fraction") = 0.0, py::arg("release_when_copied") = false,
       "Plans keep / offload / recompute for every saved activation of a joint graph (Spillway "
       "graph JSON) so that the simulated peak fits budget_bytes, the fastest such plan "
       "(include/spillway/budget.h). Returns JSON text: budget_bytes, choices (node, name, block, "
-      "bytes, decision, can_offload, can_recompute, recompute_ms), forecast and baseline "
+      "bytes, decision, can_offload, can_recompute, recompute_ms, by_partitioner, and for an "
+      "offload its release_lag), forecast and baseline "
       "(step_ms, peak_bytes, peak_node, peak_phase, bytes_offloaded, bytes_recomputed, "
       "recompute_ms, compute_wait_ms), min_reachable_bytes, recomputed_nodes, edit_list (as "
       "plan_activation_offload's), and with trace / svg_title the simulator's Chrome trace and "
       "memory picture of the plan. device_profile_json empty: the shipped H200 profile. "
       "partitioner: BudgetOptions::partitioner_recomputes_pointwise (torch.compile). "
       "budget_fraction in (0, 1]: the budget is that fraction of the baseline's peak and "
-      "budget_bytes is ignored. Raises "
+      "budget_bytes is ignored. release_when_copied: BudgetOptions::release_when_copied (the "
+      "eager store's per-block release). Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");
   m.def(

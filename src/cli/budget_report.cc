@@ -90,6 +90,7 @@ json budget_plan_json(const BudgetPlan& plan, bool with_choices) {
                          {"can_recompute", c.can_recompute},
                          {"recompute_ms", c.recompute_ms},
                          {"by_partitioner", c.by_partitioner}});
+      if (c.release_lag >= 0) choices.back()["release_lag"] = c.release_lag;
     }
     out["choices"] = std::move(choices);
   }

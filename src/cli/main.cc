@@ -206,6 +206,7 @@ struct PlanArgs {
   bool no_offload = false;
   bool no_recompute = false;
   bool partitioner = false;
+  bool release_when_copied = false;
 };
 
 // `spillway plan --budget B` / `--sweep`: keep, offload or recompute per
@@ -218,6 +219,7 @@ int run_budget(const PlanArgs& args, const std::string& path, const Graph& graph
   options.allow_offload = !args.no_offload;
   options.allow_recompute = !args.no_recompute;
   options.partitioner_recomputes_pointwise = args.partitioner;
+  options.release_when_copied = args.release_when_copied;
   options.min_bytes = args.min_bytes;
   options.prefetch_regions = args.prefetch_regions;
   options.release_lag = args.release_lag_given ? args.release_lag : BudgetOptions{}.release_lag;
@@ -466,6 +468,10 @@ int main_impl(int argc, char** argv) {
   plan->add_flag("--no-offload", plan_args.no_offload, "With --budget/--sweep: never offload");
   plan->add_flag("--no-recompute", plan_args.no_recompute,
                  "With --budget/--sweep: never recompute");
+  plan->add_flag("--release-when-copied", plan_args.release_when_copied,
+                 "With --budget/--sweep: plan as for the eager store, which lets each offloaded "
+                 "value go at the first block end by which its copy has finished (at the latest "
+                 "at the end of the last block)");
   plan->add_flag("--partitioner", plan_args.partitioner,
                  "With --budget/--sweep: plan as for torch.compile, whose partitioner "
                  "recomputes cheap pointwise values by itself at no cost");

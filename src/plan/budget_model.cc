@@ -1,6 +1,7 @@
 #include "plan/budget_model.h"
 
 #include <algorithm>
+#include <iterator>
 #include <tuple>
 
 #include "spillway/error.h"
@@ -84,7 +85,8 @@ std::pair<std::size_t, std::size_t> BudgetModel::freed_interval(
 }
 
 ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions,
-                                 std::vector<std::int64_t>* live_out) const {
+                                 std::vector<std::int64_t>* live_out,
+                                 std::vector<int>* release_lags) const {
   if (decisions.size() != candidates_.size()) {
     throw Error("plan", "internal error: one decision per candidate expected");
   }
@@ -97,6 +99,9 @@ ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions,
     delta[first] -= bytes;
     delta[std::min(last, n - 1) + 1] += bytes;
   };
+  // Offloads whose release waits for the time pass (release_positions).
+  std::vector<std::size_t> timed_release;
+  if (release_lags != nullptr) release_lags->assign(candidates_.size(), -1);
   for (std::size_t i = 0; i < candidates_.size(); ++i) {
     const ModelCandidate& c = candidates_[i];
     switch (decisions[i]) {
@@ -105,11 +110,18 @@ ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions,
       case Decision::kOffload: {
         if (!c.can_offload) throw Error("plan", "internal error: offload of a fixed value");
         const std::size_t back = reload_anchor_[before[i]];
+        const bool timed = !c.release_positions.empty();
+        const std::size_t wait_at = timed ? c.release_positions.back() : c.offload_release;
         events.push_back({2 * c.position + 1, EventKind::kOffloadIssue, i});
-        events.push_back({2 * c.offload_release + 1, EventKind::kForwardWait, i});
+        events.push_back({2 * wait_at + 1, EventKind::kForwardWait, i});
         events.push_back({2 * back, EventKind::kReloadIssue, i});
         events.push_back({2 * before[i], EventKind::kBackwardWait, i});
-        if (back > 0) free_between(c.offload_release + 1, back - 1, c.bytes);
+        if (timed) {
+          timed_release.push_back(i);
+        } else {
+          if (back > 0) free_between(c.offload_release + 1, back - 1, c.bytes);
+          if (release_lags != nullptr) (*release_lags)[i] = c.release_lag;
+        }
         break;
       }
       case Decision::kRecompute:
@@ -126,6 +138,9 @@ ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions,
   std::size_t done = 0;  // nodes executed so far
   double d2h_free = 0, h2d_free = 0;
   std::vector<double> d2h_end(candidates_.size(), 0.0), h2d_end(candidates_.size(), 0.0);
+  // (slot, time added to the compute stream by waits and recomputes at or
+  // before that slot), one per event: a node's end time for timed releases.
+  std::vector<std::pair<std::size_t, double>> added;
   auto run_until = [&](std::size_t nodes) {
     if (nodes > done) {
       t += prefix_ms_[nodes] - prefix_ms_[done];
@@ -160,9 +175,32 @@ ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions,
         t += candidates_[i].recompute_ms;
         break;
     }
+    if (!timed_release.empty()) added.emplace_back(e.slot, t - prefix_ms_[done]);
   }
   run_until(n);
   score.step_ms = std::max({t, d2h_free, h2d_free});
+
+  // A timed release frees after the first of its positions whose node ends
+  // (before the waits that follow it) with the D2H done, else the last.
+  for (std::size_t i : timed_release) {
+    const ModelCandidate& c = candidates_[i];
+    std::size_t chosen = c.release_positions.size() - 1;
+    for (std::size_t k = 0; k + 1 < c.release_positions.size(); ++k) {
+      const std::size_t p = c.release_positions[k];
+      auto it = std::upper_bound(added.begin(), added.end(), 2 * p,
+                                 [](std::size_t slot, const std::pair<std::size_t, double>& a) {
+                                   return slot < a.first;
+                                 });
+      const double shift = it == added.begin() ? 0.0 : std::prev(it)->second;
+      if (prefix_ms_[p + 1] + shift >= d2h_end[i]) {
+        chosen = k;
+        break;
+      }
+    }
+    const std::size_t back = reload_anchor_[before[i]];
+    if (back > 0) free_between(c.release_positions[chosen] + 1, back - 1, c.bytes);
+    if (release_lags != nullptr) (*release_lags)[i] = c.release_lags[chosen];
+  }
 
   std::int64_t running = 0;
   if (live_out != nullptr) live_out->resize(n);

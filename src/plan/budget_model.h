@@ -7,7 +7,8 @@
 // compute time and live device bytes) and applies each decision as the
 // rewrite will place it (offload_rewrite.h, pointwise_replay.h):
 //   offload v:   the bytes leave after `offload_release` (the forward wait,
-//                release lag applied) and come back at `reload_at` (the
+//                release lag applied; with release_positions, after the
+//                first of them by which its D2H has finished) and come back at `reload_at` (the
 //                prefetched reload); a D2H after the producer and an H2D at
 //                reload_at run on their own streams, in issue order, and the
 //                compute stream waits for each at the forward wait and at the
@@ -42,6 +43,14 @@ struct ModelCandidate {
   bool free_recompute = false;
   std::size_t last_forward = 0;    // a recomputed value is freed after it
   std::size_t offload_release = 0; // an offloaded value is freed after it
+  // BudgetOptions::release_when_copied: the positions an offloaded value may
+  // be freed after, earliest first (offload_release, the estimate the search
+  // reads, is one of them), with the release lag each stands for. evaluate()
+  // frees it after the first one its D2H has finished by, else the last
+  // (whose wait stalls). Empty: always offload_release, lag release_lag.
+  std::vector<std::size_t> release_positions;
+  std::vector<int> release_lags;
+  int release_lag = -1;            // of offload_release
   std::size_t first_backward = 0;  // position of its first backward reader
   // Candidates (indices) a recompute of this one reads, directly, through
   // views or intermediates: they must be present when it runs.
@@ -70,8 +79,11 @@ class BudgetModel {
   // Scores a decision per candidate (decisions.size() == size()); a decision
   // a candidate does not allow is a logic error (Error "[plan] internal").
   // With `live`, also the live bytes while each node runs (one per position).
+  // With `release_lags`, the release lag of each offloaded candidate (-1
+  // for the others).
   ModelScore evaluate(const std::vector<Decision>& decisions,
-                      std::vector<std::int64_t>* live = nullptr) const;
+                      std::vector<std::int64_t>* live = nullptr,
+                      std::vector<int>* release_lags = nullptr) const;
   // The freed interval of candidate i under `decision`: positions
   // [first, last] where its bytes are not live (first > last: none), given
   // the other decisions (a recompute reading i pulls it back earlier).

@@ -83,6 +83,34 @@ TEST(BudgetModel, OffloadStallsWhenTheCopyOutlastsTheComputeBeforeItsWait) {
   EXPECT_EQ(score.peak, 5 * kMiB);
 }
 
+TEST(BudgetModel, ATimedReleaseFreesWhereTheCopyHasFinishedWithoutStalling) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  std::vector<ModelCandidate> candidates = t.candidates();
+  // A may be freed after node 1, 3 or 4 (lags 1, 2, 3). Its D2H runs from
+  // 1 ms to 5 ms: node 1 ends at 2 ms, node 3 at 4 ms, node 4 at 5 ms, so it
+  // is freed after node 4, with no stall in forward.
+  candidates[0].release_positions = {1, 3, 4};
+  candidates[0].release_lags = {1, 2, 3};
+  const BudgetModel model(candidates, t.ms, t.live, t.anchor, cost);
+  std::vector<int> lags;
+  std::vector<std::int64_t> live;
+  const ModelScore score = model.evaluate({Decision::kOffload, Decision::kKeep}, &live, &lags);
+  EXPECT_EQ(lags, (std::vector<int>{3, -1}));
+  EXPECT_EQ(live[4], 7 * kMiB);  // still held while node 4 runs
+  EXPECT_EQ(live[5], 3 * kMiB);  // gone after it
+  // Only the reload stalls: issued before node 8 (8 ms), it takes 4 ms.
+  EXPECT_NEAR(score.wait_ms, 4.0, 1e-9);
+
+  // With the last position before the copy ends, the wait there stalls.
+  candidates[0].release_positions = {1, 2};
+  candidates[0].release_lags = {1, 2};
+  const BudgetModel early(candidates, t.ms, t.live, t.anchor, cost);
+  const ModelScore stalled = early.evaluate({Decision::kOffload, Decision::kKeep}, nullptr, &lags);
+  EXPECT_EQ(lags[0], 2);
+  EXPECT_NEAR(stalled.wait_ms, 2.0 + 4.0, 1e-9);  // waits from 3 ms to 5 ms after node 2
+}
+
 TEST(BudgetModel, RecomputeAddsItsTimeAndFreesUntilItsReader) {
   const CostModel cost(slow_link());
   const TwoValues t;

@@ -130,6 +130,35 @@ TEST_F(LlamaTiny, OffloadOnlyAndRecomputeOnlyBothFit) {
   }
 }
 
+TEST_F(LlamaTiny, ReleaseWhenCopiedChoosesALaterBlockForASlowCopy) {
+  // A link 1000 times slower than the H200's: a value's D2H outlasts the
+  // block after its producer, so the eager release waits more blocks.
+  DeviceProfile slow = h200_profile();
+  for (LinkCurve* curve : {&slow.d2h, &slow.h2d, &slow.d2h_duplex, &slow.h2d_duplex}) {
+    for (auto& point : curve->points) point.second /= 1000;
+  }
+  const CostModel cost(slow);
+  const std::int64_t peak = baseline_peak(cost);
+  BudgetOptions options = with_budget(peak - peak / 20);
+  options.allow_recompute = false;
+  options.release_when_copied = true;
+  const BudgetPlan plan = plan_memory_budget(graph(), options, cost);
+  EXPECT_LE(plan.forecast.peak_bytes, options.budget_bytes);
+  EXPECT_NO_THROW(verify_offload_graph(graph(), plan.graph));
+  int offloaded = 0, later = 0;
+  for (const BudgetChoice& choice : plan.choices) {
+    if (choice.decision != Decision::kOffload) {
+      EXPECT_EQ(choice.release_lag, -1) << choice.name;
+      continue;
+    }
+    ++offloaded;
+    EXPECT_GE(choice.release_lag, 1) << choice.name;
+    later += choice.release_lag > 1;
+  }
+  EXPECT_GT(offloaded, 0);
+  EXPECT_GT(later, 0);
+}
+
 // The default search against the exact optimum, on one block's candidates of
 // each shipped tiny graph (scope restricts them to a dozen or fewer).
 TEST(BudgetSearchGap, GreedyIsCloseToTheExactOptimum) {

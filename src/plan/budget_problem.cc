@@ -76,7 +76,8 @@ BudgetPlan BudgetProblem::unchanged() const {
   return plan;
 }
 
-std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& decisions) const {
+std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& decisions,
+                                                 const std::vector<int>* release_lags) const {
   std::vector<BudgetChoice> out;
   for (std::size_t i = 0; i < model_->size(); ++i) {
     const ModelCandidate& c = model_->candidates()[i];
@@ -90,6 +91,9 @@ std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& de
     choice.can_recompute = c.can_recompute;
     choice.recompute_ms = c.recompute_ms;
     choice.by_partitioner = c.free_recompute;
+    if (decisions[i] == Decision::kOffload) {
+      choice.release_lag = release_lags != nullptr ? (*release_lags)[i] : c.release_lag;
+    }
     out.push_back(std::move(choice));
   }
   return out;
@@ -98,7 +102,9 @@ std::vector<BudgetChoice> BudgetProblem::choices(const std::vector<Decision>& de
 BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) const {
   BudgetPlan plan;
   plan.options = options_;
-  plan.choices = choices(decisions);
+  std::vector<int> release_lags;
+  model_->evaluate(decisions, nullptr, &release_lags);
+  plan.choices = choices(decisions, &release_lags);
   plan.baseline = baseline_forecast_;
   std::unordered_set<NodeId> offloaded, recomputed;
   std::vector<std::pair<NodeId, std::int64_t>> in_order;
@@ -130,7 +136,8 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
     const ModelCandidate& c = model_->candidates()[i];
     auto before = replay.reload_before.find(c.node);
     chosen.push_back({c.node, c.bytes, &facts_.at(c.node),
-                      before == replay.reload_before.end() ? -1 : before->second});
+                      before == replay.reload_before.end() ? -1 : before->second,
+                      c.release_positions.empty() ? -1 : release_lags[i]});
   }
   std::stable_sort(chosen.begin(), chosen.end(),
                    [](const ChosenValue& a, const ChosenValue& b) {
@@ -242,6 +249,31 @@ void BudgetProblem::collect_candidates() {
   // holds storage owners and views alike; select_replays reads by storage.
 }
 
+void BudgetProblem::release_choices(const analysis::Regions& forward, std::size_t region,
+                                    const std::vector<double>& prefix_ms,
+                                    ModelCandidate& c) const {
+  // Region starts `lag` regions later (the wait sits right before them), then
+  // the end of the last region; only those at or after the last forward use.
+  const std::size_t regions = forward.anchors.size();
+  const std::size_t first_lag = static_cast<std::size_t>(std::max(1, options_.release_lag));
+  for (std::size_t lag = first_lag; region + lag <= regions; ++lag) {
+    const std::size_t later = region + lag;
+    const std::size_t position =
+        later < regions ? forward.anchors[later] - 1 : forward.ends.back();
+    if (position < c.last_forward) continue;
+    c.release_positions.push_back(position);
+    c.release_lags.push_back(static_cast<int>(lag));
+  }
+  if (c.release_positions.empty()) return;
+  // The search's estimate: the first position by which the copy, alone on
+  // the link, has finished.
+  const double copied = prefix_ms[c.position + 1] + cost_.d2h_ms(c.bytes);
+  std::size_t k = 0;
+  while (k + 1 < c.release_positions.size() && prefix_ms[c.release_positions[k] + 1] < copied) ++k;
+  c.offload_release = c.release_positions[k];
+  c.release_lag = c.release_lags[k];
+}
+
 void BudgetProblem::build_model() {
   const std::size_t n = graph_.nodes.size();
   std::vector<double> node_ms(n, 0.0);
@@ -289,6 +321,9 @@ void BudgetProblem::build_model() {
   for (NodeId id : candidates_) in_order.emplace_back(id, 0);
   const std::unordered_set<NodeId> none;
 
+  std::vector<double> prefix_ms(n + 1, 0.0);
+  for (std::size_t p = 0; p < n; ++p) prefix_ms[p + 1] = prefix_ms[p] + node_ms[p];
+
   std::vector<ModelCandidate> model;
   for (std::size_t i = 0; i < candidates_.size(); ++i) {
     const NodeId id = candidates_[i];
@@ -302,15 +337,19 @@ void BudgetProblem::build_model() {
     c.can_offload = options_.allow_offload;
     c.last_forward = forward_wait_position(index_, facts.lifetime);
     c.offload_release = c.last_forward;
-    if (options_.release_lag > 0) {
-      if (const std::string* root = regions_scope_->root_of(node)) {
-        if (auto k = analysis::region_of(forward, *root, c.position)) {
-          const std::size_t later = *k + static_cast<std::size_t>(options_.release_lag);
-          if (later < forward.anchors.size() && forward.anchors[later] > 0) {
-            c.offload_release = std::max(c.offload_release, forward.anchors[later] - 1);
-          }
-        }
+    c.release_lag = options_.release_lag;
+    const std::string* root = regions_scope_->root_of(node);
+    std::optional<std::size_t> region;
+    if (root != nullptr) region = analysis::region_of(forward, *root, c.position);
+    if (options_.release_lag > 0 && region) {
+      const std::size_t later = *region + static_cast<std::size_t>(options_.release_lag);
+      if (later < forward.anchors.size() && forward.anchors[later] > 0) {
+        c.offload_release = std::max(c.offload_release, forward.anchors[later] - 1);
       }
+    }
+    if (options_.release_when_copied && c.can_offload && region &&
+        forward.anchors[*region] <= c.position) {
+      release_choices(forward, *region, prefix_ms, c);
     }
     c.first_backward = index_.position(facts.first_backward_reader);
     if (options_.allow_recompute) {

@@ -15,6 +15,7 @@
 
 #include "analysis/graph_index.h"
 #include "analysis/group_safety.h"
+#include "analysis/regions.h"
 #include "analysis/scope.h"
 #include "analysis/storage_groups.h"
 #include "plan/activation_rules.h"
@@ -41,8 +42,10 @@ class BudgetProblem {
   std::int64_t baseline_peak() const { return baseline_forecast_.peak_bytes; }
   // The plan of initial(): the graph unchanged, no edits, the baseline forecast.
   BudgetPlan unchanged() const;
-  // The choice per model candidate under `decisions`.
-  std::vector<BudgetChoice> choices(const std::vector<Decision>& decisions) const;
+  // The choice per model candidate under `decisions` (with the release lags
+  // BudgetModel::evaluate chose, when given).
+  std::vector<BudgetChoice> choices(const std::vector<Decision>& decisions,
+                                    const std::vector<int>* release_lags = nullptr) const;
   // The decisions as graph edits, applied and simulated in full.
   BudgetPlan materialise(const std::vector<Decision>& decisions) const;
 
@@ -52,6 +55,10 @@ class BudgetProblem {
   std::string block_of(NodeId id) const;
   void collect_candidates();
   void build_model();
+  // BudgetOptions::release_when_copied: c's release positions and lags, for a
+  // value produced in forward region `region`.
+  void release_choices(const analysis::Regions& forward, std::size_t region,
+                       const std::vector<double>& prefix_ms, ModelCandidate& c) const;
 
   const Graph& graph_;
   BudgetOptions options_;

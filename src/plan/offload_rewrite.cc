@@ -71,7 +71,7 @@ class RewriteBuilder {
       Replay added = add_replay(choice);
       if (choice.facts != nullptr) out.replays.push_back(added);
     }
-    delay_forward_waits(out.offloads, release_lag);
+    delay_forward_waits(chosen, out.offloads, release_lag);
     out.reloads_prefetched = prefetch(out.offloads, prefetch_regions, prefetch_anchor);
     out.edits = express_as_edits();
     return out;
@@ -343,23 +343,38 @@ class RewriteBuilder {
 
   // ActivationPlanOptions::release_lag: each forward wait goes before the
   // first node of the forward region `lag` regions after its producer's, when
-  // that node comes later than the wait.
-  void delay_forward_waits(const std::vector<Offload>& offloads, int lag) {
-    if (lag <= 0 || scope_.empty() || offloads.empty()) return;
+  // that node comes later than the wait. A value's own ChosenValue::release_lag
+  // overrides `lag`; it may point one past the last region: right after that
+  // region's last node.
+  void delay_forward_waits(const std::vector<ChosenValue>& chosen,
+                           const std::vector<Offload>& offloads, int lag) {
+    const bool own_lags = std::any_of(chosen.begin(), chosen.end(),
+                                      [](const ChosenValue& c) { return c.release_lag >= 0; });
+    if ((lag <= 0 && !own_lags) || scope_.empty() || offloads.empty()) return;
     const CurrentOrder current = current_order();
     const std::vector<const Node*>& nodes = current.nodes;
     const IdMap<std::size_t>& position = current.position;
     const analysis::Regions regions = analysis::find_regions(nodes, scope_, Phase::kForward);
-    for (const Offload& offload : offloads) {
+    for (std::size_t i = 0; i < offloads.size(); ++i) {
+      const Offload& offload = offloads[i];
+      const int value_lag = chosen[i].release_lag >= 0 ? chosen[i].release_lag : lag;
+      if (value_lag <= 0) continue;
       const Node& producer = index_.node(offload.producer);
       const std::string* root = scope_.root_of(producer);
       if (root == nullptr) continue;
       const std::size_t produced_at = position.get(offload.producer);
       std::optional<std::size_t> region = analysis::region_of(regions, *root, produced_at);
       if (!region || regions.anchors[*region] > produced_at) continue;
-      const std::size_t target = *region + static_cast<std::size_t>(lag);
-      if (target >= regions.anchors.size()) continue;  // the last regions: reference placement
-      const std::size_t anchor_position = regions.anchors[target];
+      const std::size_t target = *region + static_cast<std::size_t>(value_lag);
+      std::size_t anchor_position = 0;
+      if (target < regions.anchors.size()) {
+        anchor_position = regions.anchors[target];
+      } else if (chosen[i].release_lag >= 0 && target == regions.anchors.size() &&
+                 regions.ends.back() + 1 < nodes.size()) {
+        anchor_position = regions.ends.back() + 1;
+      } else {
+        continue;  // the last regions: reference placement
+      }
       if (anchor_position <= position.get(offload.forward_wait_node)) continue;
       const NodeId anchor = nodes[anchor_position]->id;
       fx_.move_before(anchor, offload.forward_wait_node);

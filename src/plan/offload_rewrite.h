@@ -88,6 +88,10 @@ struct ChosenValue {
   // replay needs the value before its first backward reader), else before
   // the first backward reader.
   NodeId reload_before = -1;
+  // The release lag of this value's forward wait when >= 0 (overrides
+  // build_offload_rewrite's release_lag; one past the last forward region:
+  // right after the last region's last node).
+  int release_lag = -1;
 };
 
 struct OffloadRewrite {

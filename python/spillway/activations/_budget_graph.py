@@ -33,7 +33,8 @@ Known approximations (see the report of issue 10's eager item):
     the block does not save its input (a bf16 Llama layer saves the fp32
     copy its RMSNorm makes, not the bf16 input): the planner sees up to one
     hidden state per block more than the run holds when it keeps a block.
-  * Non-block backward times are not measured: twice their forward time.
+  * The backward around the blocks (the loss and head, the embeddings) is
+    measured as one span each; without a measurement, twice the forward.
 
 Thread-safety: pure functions over their arguments.
 """
@@ -92,6 +93,12 @@ class StepProfile:
     other_new_grad_bytes: int = 0  # .grad storages of parameters outside the blocks
     resident_bytes: int = 0        # allocated at the step's start
     measured_peak_bytes: int | None = None  # max allocated over the step (CUDA only)
+    # Measured backward around the blocks (None: unknown, twice the forward):
+    # from the first gradient reaching a model output to the last block's
+    # output, and from the first block's input to the end of backward.
+    post_backward_ms: float | None = None
+    pre_backward_ms: float | None = None
+    step_ms: float | None = None   # the model call's start to the end of backward
 
 
 def graph_block_paths(paths: list[str]) -> list[list[str]]:
@@ -138,6 +145,10 @@ class _Writer:
                         phase, stack, nbytes, time_ms)
 
 
+def _measured_or_twice(backward_ms: float | None, forward_ms: float) -> float:
+    return 2.0 * forward_ms if backward_ms is None else backward_ms
+
+
 def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
                 checkpointed: bool = False, device: str = "cuda:0") -> dict:
     """The block graph of `profile` as a JSON-ready dict.
@@ -168,7 +179,7 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
     loss = w.op("loss", [post_saved], "forward", [], 4, 0.0, "loss")
     last_out = profile.calls[-1].output_bytes if profile.calls else first_input
     grad = w.op("post_backward", [post_saved, loss], "backward", [], last_out,
-                2.0 * profile.post_forward_ms)
+                _measured_or_twice(profile.post_backward_ms, profile.post_forward_ms))
     grads = [w.op("param_grads", [grad], "backward", [],
                   profile.other_new_grad_bytes, 0.0, "other_param_grads")]
     for k in reversed(range(len(profile.calls))):
@@ -183,7 +194,7 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
         grads.append(w.op("param_grads", [grad], "backward", stacks[k],
                           call.new_grad_bytes, 0.0, f"b{k}_param_grads"))
     done = w.op("pre_backward", [pre_saved, grad], "backward", [], 4,
-                2.0 * profile.pre_forward_ms)
+                _measured_or_twice(profile.pre_backward_ms, profile.pre_forward_ms))
     w.add("output", "output", "output", [[{"node": n} for n in [loss, offset, done, *grads]]],
           "backward", [], None)
     ops = {f"{NAMESPACE}.{name}.default": {
@@ -212,7 +223,9 @@ def calibration_offset(simulate, profile: StepProfile, device: str) -> tuple[int
     placeholder, live the whole step, sized so that the simulated peak of the
     profiling step as it ran (every block checkpointed, the resident bytes of
     its start, its .grad storages allocated in backward) equals the measured
-    peak. A constant shifts every plan's peak by the same amount; it is exact
+    peak (the facts also hold the step's measured and simulated time: the
+    block times tile the step, so the two differ by the gaps between marks,
+    e.g. work between the model's return and backward). A constant shifts every plan's peak by the same amount; it is exact
     for plans whose peak falls where the profiling step's did (the end of
     forward or the loss, for a transformer) and errs on the safe side
     elsewhere. Without a measured peak (CPU) the offset is 0.
@@ -224,11 +237,14 @@ def calibration_offset(simulate, profile: StepProfile, device: str) -> tuple[int
     """
     graph = block_graph(profile, resident_bytes=profile.resident_bytes, offset_bytes=0,
                         checkpointed=True, device=device)
-    simulated = simulate(json.dumps(graph), recomputed_ids(graph))["peak_bytes"]
+    result = simulate(json.dumps(graph), recomputed_ids(graph))
+    simulated = result["peak_bytes"]
     offset = 0 if profile.measured_peak_bytes is None else (
         profile.measured_peak_bytes - simulated)
     return offset, {"measured_peak_bytes": profile.measured_peak_bytes,
-                    "simulated_peak_bytes": simulated, "offset_bytes": offset}
+                    "simulated_peak_bytes": simulated, "offset_bytes": offset,
+                    "measured_step_ms": profile.step_ms,
+                    "simulated_step_ms": result["step_ms"]}
 
 
 def placeholder_bytes(resident: int, offset: int) -> tuple[int, int]:

@@ -13,37 +13,48 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      decoder layers), or, without one, the model read as a sequence (eager.py's
      layer rules); `scope` restricts them to the matching modules (outermost
      ones only).
-  2. The first step under the context is the profiling step. Every block runs
-     under torch.utils.checkpoint (non-reentrant, RNG state preserved), so the
-     step fits in about the memory of full checkpointing and its results are
-     bitwise those of a plain step. Per block call it measures: the forward
-     time (CUDA events, perf_counter on the CPU); the backward time, from the
-     gradient reaching the block's output to it reaching the block's input
-     (tensor hooks), less the recompute; the bytes the block saves for
-     backward when not checkpointed, counted during the checkpoint's own
+  2. The first `profile_steps` steps (default 2) under the context are
+     profiling steps. Every block runs under torch.utils.checkpoint
+     (non-reentrant, RNG state preserved), so they fit in about the memory
+     of full checkpointing and their results are bitwise those of plain
+     steps. The first measures, per block call, the bytes the block saves
+     for backward when not checkpointed, counted during the checkpoint's own
      recompute by a saved-tensor hook that hands every tensor on to the
      checkpoint's (no extra forward: no RNG draw, no extra module state
-     update); its input and output bytes. For the step: the bytes allocated
-     at its start and its peak (torch.cuda.max_memory_allocated after
-     torch.cuda.reset_peak_memory_stats at the step's start: the caller's
-     peak statistics restart there), and the bytes saved outside the blocks.
+     update), and its input and output bytes; for the step: the bytes
+     allocated at its start and its peak (torch.cuda.max_memory_allocated
+     after torch.cuda.reset_peak_memory_stats at the step's start: the
+     caller's peak statistics restart there), and the bytes saved outside
+     the blocks. Every profiling step times (CUDA events, perf_counter on the
+     CPU) each block's forward and its backward, from the gradient reaching
+     the block's output to it reaching the block's input (tensor hooks), and
+     the spans around the blocks: from the first gradient reaching a model
+     output to the last block, and from the first block to the end of
+     backward. The plan takes the last step's times: the counting hooks of
+     the first run Python per saved tensor, which slows the recompute down.
   3. At the start of the next step, the measurements become a block graph in
      Spillway IR (_budget_graph.py), calibrated on the measured peak, and the
-     C++ budget planner (spillway._C.plan_memory_budget) picks, per block's
-     saved tensors S_k and per block output X_k, keep, offload or recompute.
+     C++ budget planner (spillway._C.plan_memory_budget, with
+     release_when_copied) picks, per block's saved tensors S_k and per block
+     output X_k, keep, offload or recompute, and for each offload the block
+     call at whose end its device memory goes: the first by which the
+     planner expects its copy to have finished (at least `lag` calls later,
+     at the latest the last block's end).
   4. Decisions become actions per block call:
        S_k keep                 nothing;
        S_k offload              the block's saved tensors go through the
-                                offload store (eager.py: lag, prefetch);
+                                offload store (eager.py: prefetch), their
+                                forward wait at the end of call k + lag_k;
        S_k recompute            the block runs under checkpoint;
        X_k-1 offload            the block's saved input goes through the store
                                 (with S_k recompute: the checkpoint's saved
                                 input; otherwise the saved tensors that share
                                 the input's storage).
+     A call has one lag, the smaller of its saved tensors' and its input's.
      They apply from that step on; `ctx.plan` is the EagerBudgetPlan.
 
 A budget below the smallest peak the planner reaches raises its MemoryError
-at the start of the second step (inside the model call; the context exits
+at the start of the first step after profiling (inside the model call; the context exits
 and the model is as it was). Results stay bitwise equal to the run without
 spillway on every step: checkpoint replays the RNG, the store moves bytes.
 
@@ -74,6 +85,8 @@ from spillway.activations._budget_graph import (BlockCall, StepProfile, block_gr
 __all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_budget"]
 
 _MISSING = object()
+# Prefetch distances (block calls) the plan is tried at, beside the context's own.
+_PREFETCH_DISTANCES = (1, 2, 3, 4, 6, 8)
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -168,6 +181,7 @@ class BlockChoice:
     block: str                  # the block's qualified module name
     saved: str                  # "keep" | "offload" | "recompute" (recompute: checkpointed)
     input: str                  # "keep" | "offload": the block's saved input
+    lag: int | None             # offloads: block calls until their forward wait (eager's lag)
     saved_bytes: int            # what the block saves for backward, input and output aside
     input_bytes: int
     forward_ms: float
@@ -184,6 +198,7 @@ class _CallPolicy:
     offload_saved: bool
     offload_input: bool
     input_keys: frozenset = frozenset()
+    lag: int | None = None  # the release lag of what the call offloads; None: the context's
 
 
 class EagerBudgetPlan:
@@ -217,6 +232,12 @@ class EagerBudgetPlan:
                    budget_bytes=self.budget_bytes)
         return out
 
+    @property
+    def prefetch(self) -> int:
+        """How many block calls ahead of its backward an offloaded call is reloaded (the
+        distance whose plan forecast the fastest step)."""
+        return self._options["prefetch_regions"]
+
     def _replan(self, **extra) -> dict:
         _C = _bindings()
         return json.loads(_C.plan_memory_budget(json.dumps(self.graph), self.budget_bytes,
@@ -240,6 +261,7 @@ class EagerBudgetPlan:
             mix[key] = mix.get(key, 0) + 1
         f = self.forecast()
         return (f"EagerBudgetPlan(budget={self.budget_bytes / 2**30:.2f} GiB, {mix}, "
+                f"prefetch {self.prefetch}, "
                 f"forecast {f['step_ms']:.1f} ms at {f['peak_bytes'] / 2**30:.2f} GiB)")
 
 
@@ -278,7 +300,9 @@ class _Recording:
         self.resident_bytes = 0
         self.peak_bytes: int | None = None
         self.backward_seen = False
+        self.backward_begin = None  # the first gradient reaching a model output
         self.complete = False
+        self.count_saved = True  # the first profiling step counts; later ones only time
         self.grads: tuple[list[int], int] = ([], 0)  # BudgetedOffload._new_grad_bytes at the start
         self.params: set = set()  # parameter and buffer storages (never counted as saved)
 
@@ -293,10 +317,16 @@ class _Recording:
             call.new_grad_bytes = nbytes
         first = self.marks[0]["fwd_start"] if self.marks else None
         last = self.marks[-1]["fwd_end"] if self.marks else None
+        last_bwd = self.marks[-1].get("bwd_start") if self.marks else None
+        first_bwd = self.marks[0].get("bwd_end") if self.marks else None
+        known = (lambda a, b: ms(a, b) if a is not None and b is not None else None)
         return StepProfile(
             calls=self.calls,
             pre_forward_ms=ms(self.model_start, first) if first is not None else 0.0,
             post_forward_ms=ms(last, self.model_end) if last is not None else 0.0,
+            post_backward_ms=known(self.backward_begin, last_bwd),
+            pre_backward_ms=known(first_bwd, self.backward_end),
+            step_ms=known(self.model_start, self.backward_end),
             pre_saved_bytes=sum(self.pre_saved.values()),
             post_saved_bytes=sum(self.post_saved.values()),
             other_new_grad_bytes=other, resident_bytes=self.resident_bytes,
@@ -307,11 +337,18 @@ class BudgetedOffload(eager.OffloadActivations):
     """offload_activations(memory_budget=...): see the module docstring."""
 
     def __init__(self, model, memory_budget, *, scope=None, min_bytes=1 << 20, prefetch=1,
-                 device=None, lag=1, layers=None, device_profile=None):
+                 device=None, lag=1, layers=None, device_profile=None, profile_steps=2):
         if layers is not None:
             raise ValueError("[eager] layers= and memory_budget= do not go together: the plan "
                              "chooses what each block does (use scope= to restrict the blocks)")
         self._budget_bytes, self._budget_fraction = parse_memory_budget(memory_budget)
+        if (isinstance(profile_steps, bool) or not isinstance(profile_steps, int)
+                or profile_steps < 1):
+            raise ValueError(f"[eager] profile_steps must be an int >= 1, got "
+                             f"{eager._shown(profile_steps)}")
+        self._profile_steps = profile_steps
+        self._min_prefetch = prefetch
+        self._profiled: list[_Recording] = []  # completed profiling steps
         super().__init__(model, scope=scope, min_bytes=min_bytes, prefetch=prefetch,
                          device=device, lag=lag)
         if not self._enabled:
@@ -378,7 +415,10 @@ class BudgetedOffload(eager.OffloadActivations):
         with self._lock:
             ready = self._recording is not None and self._recording.complete
         if self.plan is None and ready:
-            self._make_plan()  # the planner's MemoryError leaves through the model call
+            self._profiled.append(self._recording)
+            self._recording = None
+            if len(self._profiled) >= self._profile_steps:
+                self._make_plan()  # the planner's MemoryError leaves through the model call
         if self.plan is not None:
             self._pass_mode = "plan"
         elif self._recording is None:
@@ -391,9 +431,19 @@ class BudgetedOffload(eager.OffloadActivations):
         rec = self._recording
         if self._pass_mode == "profile" and rec is not None and rec.model_end is None:
             rec.model_end = self._clock.mark()
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(self._backward_begin_mark(rec))
+
+    def _backward_begin_mark(self, rec):
+        def hook(grad):
+            if rec.backward_begin is None:
+                rec.backward_begin = self._clock.mark()
+        return hook
 
     def _start_recording(self) -> None:
         rec = _Recording(self._clock)
+        rec.count_saved = not self._profiled
         if self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
             rec.resident_bytes = torch.cuda.memory_allocated(self._device)
@@ -480,10 +530,44 @@ class BudgetedOffload(eager.OffloadActivations):
                 return self._profiled_call(module, original, args, kwargs)
             if mode == "checkpoint" or (policy is not None and policy.checkpoint):
                 self._warn_cache(kwargs)
-                return checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
-                                  **kwargs)
-            return original(*args, **kwargs)
+                out = checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
+                                 **kwargs)
+            else:
+                out = original(*args, **kwargs)
+            if mode == "plan":
+                self._hook_prefetch(out)
+            return out
         return forward
+
+    def _hook_prefetch(self, out) -> None:
+        """Backward reaching this call's output starts the reloads of the `prefetch` calls
+        before it: the store's own trigger, an unpack, only fires in calls that offloaded
+        something, and a kept or checkpointed call between them must trigger too."""
+        layer = self._current
+        if layer is None or self._prefetch == 0 or not any(
+                p.offload_saved or p.offload_input for p in self._policies):
+            return
+        grad_output = next((t for t in _tensors(out) if t.requires_grad), None)
+        if grad_output is not None:
+            grad_output.register_hook(self._prefetch_trigger(layer.index, layer.pass_id))
+
+    def _prefetch_trigger(self, index: int, pass_id: int):
+        def hook(grad):
+            task = torch._C._current_graph_task_id()
+            if task == -1:
+                return
+            with self._lock:
+                if task not in self._tasks_seen:
+                    self._start_backward(task)
+                for back in range(1, self._prefetch + 1):
+                    earlier = self._layers.get(index - back)
+                    if earlier is None:
+                        continue  # pruned: nothing of it was offloaded
+                    if earlier.pass_id != pass_id:
+                        break
+                    if earlier.prefetched_task != task:
+                        self._reload_layer(earlier, task, "reloads_prefetched")
+        return hook
 
     def _warn_cache(self, kwargs) -> None:
         if kwargs.get("use_cache") is True and not self._warned_cache:
@@ -511,6 +595,9 @@ class BudgetedOffload(eager.OffloadActivations):
 
         def counted(*a, **kw):
             if not self._in_backward():
+                return original(*a, **kw)
+            if not rec.count_saved:
+                self._note_backward()
                 return original(*a, **kw)
             return self._count_recompute(call, original, a, kw, input_keys)
 
@@ -575,12 +662,36 @@ class BudgetedOffload(eager.OffloadActivations):
 
     # ---- planning -----------------------------------------------------------
 
-    def _planner_options(self) -> dict:
+    def _fastest_plan(self, text: str, budget: int) -> tuple[dict, dict]:
+        """The planner at each prefetch distance from the context's `prefetch` up (the
+        store reloads a block's tensors that many block calls ahead of its backward; a
+        copy longer than a block needs more); the fastest forecast wins, the shorter
+        distance on a tie. Raises the planner's MemoryError when none fits."""
+        best, error = None, None
+        for distance in sorted({self._min_prefetch, *_PREFETCH_DISTANCES}):
+            if distance < self._min_prefetch:
+                continue
+            options = self._planner_options(distance)
+            try:
+                result = json.loads(_bindings().plan_memory_budget(text, budget, **options))
+            except MemoryError as e:
+                error = error or e
+                continue
+            if best is None or result["forecast"]["step_ms"] < best[1]["forecast"]["step_ms"]:
+                best = (options, result)
+        if best is None:
+            raise error
+        return best
+
+    def _planner_options(self, prefetch: int | None = None) -> dict:
         # eager's lag L waits at the end of layer i + L: before the first node of
-        # region i + L + 1, the planner's release_lag L + 1.
+        # region i + L + 1, the planner's release_lag L + 1 (the smallest it picks
+        # with release_when_copied).
         return dict(scope="", allow_offload=True, allow_recompute=True,
-                    prefetch_regions=self._prefetch, release_lag=self._lag + 1,
-                    min_bytes=self._min_bytes, device_profile_json=self._profile_json)
+                    prefetch_regions=self._prefetch if prefetch is None else prefetch,
+                    release_lag=self._lag + 1,
+                    min_bytes=self._min_bytes, device_profile_json=self._profile_json,
+                    release_when_copied=True)
 
     def _simulate(self, graph_json: str, recomputed=()) -> dict:
         return json.loads(_bindings().simulate_graph(graph_json,
@@ -589,10 +700,9 @@ class BudgetedOffload(eager.OffloadActivations):
 
     def _make_plan(self) -> None:
         _C = _bindings()
-        rec = self._recording
         if self._clock.cuda:
             torch.cuda.synchronize(self._device)
-        measured = rec.profile(self._grads_per_call(rec.calls, rec.grads))
+        measured = self._measured_profile()
         device = str(self._device)
         offset, calibration = calibration_offset(self._simulate, measured, device)
         # This step's state: the optimizer's and the grads' storages that now exist.
@@ -611,34 +721,73 @@ class BudgetedOffload(eager.OffloadActivations):
         if budget is None:
             baseline = self._simulate(text)["peak_bytes"]
             budget = max(1, int(self._budget_fraction * baseline))
-        options = self._planner_options()
-        result = json.loads(_C.plan_memory_budget(text, budget, **options))
+        options, result = self._fastest_plan(text, budget)
+        self._prefetch = options["prefetch_regions"]
         self._policies, choices = self._policies_of(result, now)
         self.plan = EagerBudgetPlan(choices=choices, budget_bytes=budget, result=result,
                                     graph=graph, options=options, calibration=calibration,
                                     profile=now)
 
+    def _measured_profile(self) -> StepProfile:
+        """The profiling steps as one StepProfile: bytes, peak and resident memory from
+        the first (which counted what blocks save), times from the last when it made the
+        same block calls (the first's otherwise)."""
+        first = self._profiled[0]
+        measured = first.profile(self._grads_per_call(first.calls, first.grads))
+        last = self._profiled[-1]
+        if last is first:
+            return measured
+        timed = last.profile(self._grads_per_call(last.calls, last.grads))
+        if [c.path for c in timed.calls] != [c.path for c in measured.calls]:
+            return measured
+        for call, t in zip(measured.calls, timed.calls):
+            call.forward_ms, call.backward_ms = t.forward_ms, t.backward_ms
+        for name in ("pre_forward_ms", "post_forward_ms", "post_backward_ms",
+                     "pre_backward_ms", "step_ms"):
+            setattr(measured, name, getattr(timed, name))
+        return measured
+
     @staticmethod
     def _policies_of(result: dict, profile: StepProfile):
         n = len(profile.calls)
         saved, output = ["keep"] * n, ["keep"] * n
+        saved_lag, output_lag = [None] * n, [None] * n
         for choice in result["choices"]:
             m = re.fullmatch(r"b(\d+)_(forward|output)", choice["name"])
             if m is None:
                 continue
-            (saved if m.group(2) == "forward" else output)[int(m.group(1))] = choice["decision"]
+            k = int(m.group(1))
+            (saved if m.group(2) == "forward" else output)[k] = choice["decision"]
+            (saved_lag if m.group(2) == "forward" else output_lag)[k] = choice.get("release_lag")
         policies, choices = [], []
         for k, call in enumerate(profile.calls):
             input_decision = output[k - 1] if k > 0 else "keep"
+            # The planner's lag P for S_k waits before region k + P: at the end of call
+            # k + P - 1, eager lag P - 1. For X_k-1 (made in region k - 1, packed in call
+            # k): the end of call k + P - 2, eager lag P - 2. A call has one lag: the
+            # smaller of its two.
+            lags = []
+            if saved[k] == "offload" and saved_lag[k] is not None:
+                lags.append(max(0, saved_lag[k] - 1))
+            if input_decision == "offload" and k > 0 and output_lag[k - 1] is not None:
+                lags.append(max(0, output_lag[k - 1] - 2))
+            lag = min(lags) if lags else None
             policies.append(_CallPolicy(checkpoint=saved[k] == "recompute",
                                         offload_saved=saved[k] == "offload",
-                                        offload_input=input_decision == "offload"))
+                                        offload_input=input_decision == "offload", lag=lag))
             choices.append(BlockChoice(call=k, block=call.path, saved=saved[k],
-                                       input=input_decision, saved_bytes=call.saved_bytes,
+                                       input=input_decision, lag=lag,
+                                       saved_bytes=call.saved_bytes,
                                        input_bytes=call.input_bytes,
                                        forward_ms=call.forward_ms,
                                        backward_ms=call.plain_backward_ms()))
         return policies, choices
+
+    def _release_lag(self, layer) -> int:
+        policy = self._layer_policy.get(layer.index)
+        if policy is None or policy.lag is None:
+            return self._lag
+        return policy.lag
 
     def stats(self) -> dict:
         """eager's counters, plus "pass_mode" (plain / profile / checkpoint / plan)."""

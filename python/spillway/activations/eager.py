@@ -119,7 +119,8 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = _D
                         lag: int = 1,
                         layers: Iterable[int] | None = None, *,
                         memory_budget: int | float | str | None = None,
-                        device_profile: str | dict | None = None) -> "OffloadActivations":
+                        device_profile: str | dict | None = None,
+                        profile_steps: int = 2) -> "OffloadActivations":
     """The context manager that offloads the activations saved by `model`'s scope modules.
 
     Args:
@@ -150,13 +151,19 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = _D
         int, a string ("12GiB", "800MiB", "1.5e9"), or a float in (0, 1], a
         fraction of the step's peak without spillway. The context then plans
         per block: keep, offload, checkpoint, or checkpoint with the block's
-        saved input offloaded (see _eager_budget.py). The first step under the
-        context runs every block checkpointed and profiles them; the plan
-        applies from the second step on and is `ctx.plan`. Not with `layers`.
+        saved input offloaded (see _eager_budget.py). The first
+        `profile_steps` steps under the context run every block checkpointed
+        and profile them; the plan applies from the next step on and is
+        `ctx.plan`. Not with `layers`. `lag` is then the smallest lag: the plan
+        lets each block's offloaded tensors go at the first block end by which
+        their copies should have finished.
       device_profile: with memory_budget, the device profile the planner
         simulates on: a path to a device-profile JSON file
         (docs/device-profile.md) or the profile as a dict; None: the shipped
         NVIDIA H200 profile.
+      profile_steps: with memory_budget, how many steps profile (>= 1): the
+        first counts what each block saves, the later ones only time the blocks
+        (without the counting hooks, whose Python work slows the step down).
 
     Raises ValueError, with a message starting "[eager]" that names the
     argument and the value received, for: a model that is not an nn.Module; a
@@ -167,9 +174,9 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = _D
     unknown or unusable device; with memory_budget: a budget that is not a
     positive int, a parsable size string or a float in (0, 1], a model on the
     CPU without device=, layers given, a device_profile that is not a
-    readable JSON file or a dict. Entering the context raises RuntimeError
+    readable JSON file or a dict, profile_steps not an int >= 1. Entering the context raises RuntimeError
     when another context is active on the same model. With memory_budget, the
-    second step raises the planner's MemoryError when the budget is below the
+    first step after profiling raises the planner's MemoryError when the budget is below the
     smallest peak the plan can reach (the model is left as it was).
     """
     if memory_budget is not None:
@@ -177,10 +184,14 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = _D
         return BudgetedOffload(model, memory_budget,
                                scope=None if scope is _DEFAULT_SCOPE else scope,
                                min_bytes=min_bytes, prefetch=prefetch, device=device, lag=lag,
-                               layers=layers, device_profile=device_profile)
+                               layers=layers, device_profile=device_profile,
+                               profile_steps=profile_steps)
     if device_profile is not None:
         raise ValueError("[eager] device_profile is for memory_budget= planning; got "
                          f"{_shown(device_profile)} without a memory_budget")
+    if profile_steps != 2:
+        raise ValueError("[eager] profile_steps is for memory_budget= planning; got "
+                         f"{_shown(profile_steps)} without a memory_budget")
     return OffloadActivations(model, scope=scope, min_bytes=min_bytes, prefetch=prefetch,
                               device=device, lag=lag, layers=layers)
 
@@ -554,9 +565,16 @@ class OffloadActivations:
             self._current = None
             if done is None:
                 return
-            due = done.index - self._lag
-            while self._pending and self._pending[0].index <= due:
-                self._finish_layer(self._pending.popleft(), keep_resident=False)
+            due = [layer for layer in self._pending
+                   if layer.index + self._release_lag(layer) <= done.index]
+            for layer in due:
+                self._pending.remove(layer)
+                self._finish_layer(layer, keep_resident=False)
+
+    def _release_lag(self, layer: _Layer) -> int:
+        """How many layers after `layer` its forward wait runs (the context's lag; the
+        budgeted context's plan sets one per block call)."""
+        return self._lag
 
     def _prune_layers(self) -> None:
         for index in [i for i, layer in self._layers.items() if layer.dead()]:
