@@ -566,12 +566,16 @@ def run_one(spec: str, args) -> dict:
 def render(results: list[dict], command: str) -> str:
     base = {r["method"]: r for r in results}
     out = []
-    first = results[0]
-    out.append(f"# T1 on {first['device']}, torch {first['torch']}\n")
-    out.append(f"Command: `{command}`  ")
-    shape = first["shape"]
-    out.append(f"Shape: {shape}, {first['dtype']}; median step time over the measured steps; "
-               "activation = peak allocated during a step minus allocated at its start.\n")
+    first = next((r for r in results if "error" not in r), None)  # errors carry no shape
+    if first is None:
+        out.append("# T1: every method failed\n")
+        out.append(f"Command: `{command}`\n")
+    else:
+        out.append(f"# T1 on {first['device']}, torch {first['torch']}\n")
+        out.append(f"Command: `{command}`  ")
+        out.append(f"Shape: {first['shape']}, {first['dtype']}; median step time over the "
+                   "measured steps; activation = peak allocated during a step minus "
+                   "allocated at its start.\n")
     out.append("| method | step ms | x none | x compiled | activation GiB | peak GiB | bytes offloaded |")
     out.append("|---|---|---|---|---|---|---|")
     none = base.get("none")
