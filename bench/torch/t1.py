@@ -162,9 +162,12 @@ def _step_fn(name: str, options: dict, model, device: str):
         count = len(model.model.layers)
         outside = [i for i in chosen if not 0 <= i < count]
         if outside:
+            asked = f"k={options['k']}" if "layers" not in options else "layers"
+            named = (f"layer {outside[0]}" if len(outside) == 1
+                     else f"layers {outside[0]}-{outside[-1]}" if "layers" not in options
+                     else "layers " + "+".join(map(str, outside)))
             raise SystemExit(f"[t1] ckpt: the model has {count} decoder layers (0-{count - 1}); "
-                             f"{'k' if 'layers' not in options else 'layers'} names layers "
-                             f"{outside[0]}..{outside[-1]}")
+                             f"{asked} asks for {named}")
         for i in chosen:
             layer = model.model.layers[i]
             layer.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(
