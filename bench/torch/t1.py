@@ -18,10 +18,23 @@ BENCHMARKS.md). Methods:
   ckpt-full              eager, every decoder layer under torch.utils.checkpoint
                          (non-reentrant), HF's gradient_checkpointing_enable
   ckpt:layers=0-3        eager, only the named decoder layers checkpointed
-  ckpt:k=4               eager, the first k decoder layers checkpointed (k of 16)
+  ckpt:k=4               eager, the first k decoder layers checkpointed (k of 16; a
+                         k or layer beyond the model's layers is an error)
   ckpt-selective         eager, every decoder layer under selective checkpointing:
                          matmul and attention outputs saved, the rest recomputed
   save-on-cpu            eager, torch.autograd.graph.save_on_cpu(pin_memory=True)
+  torchtune-offload      eager, torchtune's OffloadActivations as its recipes apply it
+                         (get_act_offloading_ctx_manager: use_streams=True, pinned
+                         memory, a 5-tensor forward stash, tensors of 1 KiB and up;
+                         the output head's activations stay on the GPU under NoOpManager,
+                         here HF's lm_head); the context wraps the model's call, the loss
+                         is computed after it. CUDA only. torchtune comes from
+                         SPILLWAY_T1_TORCHTUNE_DIR (a `pip install --no-deps --target`
+                         directory of its wheel; torchao is not needed) or the import
+                         path; the results record its version.
+  torchtune-offload-ckpt the same with every decoder layer checkpointed as in ckpt-full
+                         (the combination torchtune's recipes require: they refuse
+                         offloading without checkpointing)
   spillway-eager         eager, spillway.offload_activations; options
                          after a colon: spillway-eager:scope=*,layers=0-2,lag=8,prefetch=4
                          (0-2: a range, a+b: a list, none: None)
@@ -65,6 +78,7 @@ spillway then uses its fake backend, and peak memory is not measured on CPU).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -145,6 +159,15 @@ def _step_fn(name: str, options: dict, model, device: str):
         from torch.utils.checkpoint import checkpoint
         chosen = options.get("layers", list(range(options.get("k", 0))))
         chosen = [chosen] if isinstance(chosen, int) else chosen
+        count = len(model.model.layers)
+        outside = [i for i in chosen if not 0 <= i < count]
+        if outside:
+            asked = f"k={options['k']}" if "layers" not in options else "layers"
+            named = (f"layer {outside[0]}" if len(outside) == 1
+                     else f"layers {outside[0]}-{outside[-1]}" if "layers" not in options
+                     else "layers " + "+".join(map(str, outside)))
+            raise SystemExit(f"[t1] ckpt: the model has {count} decoder layers (0-{count - 1}); "
+                             f"{asked} asks for {named}")
         for i in chosen:
             layer = model.model.layers[i]
             layer.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(
@@ -156,6 +179,14 @@ def _step_fn(name: str, options: dict, model, device: str):
         return plain, dict
     if name == "spillway-eager-budget":
         return _eager_budget(model, device, options, plain)
+    if name in ("torchtune-offload", "torchtune-offload-ckpt"):
+        if not device.startswith("cuda"):
+            raise SystemExit("[t1] torchtune's OffloadActivations needs CUDA (its streams, and "
+                             "copies back to 'cuda'); torchtune's recipes refuse other devices")
+        if name == "torchtune-offload-ckpt":
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        return _torchtune_offload(model)
     if name == "save-on-cpu":
         def step(ids):
             with torch.autograd.graph.save_on_cpu(pin_memory=True):
@@ -204,8 +235,6 @@ def _step_fn(name: str, options: dict, model, device: str):
 
 def _selective_checkpointing(model, plain):
     """Every decoder layer checkpointed, saving the outputs of matmuls and attention."""
-    import functools
-
     import torch
     from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                         create_selective_checkpoint_contexts)
@@ -224,6 +253,105 @@ def _selective_checkpointing(model, plain):
         layer.forward = (lambda f: lambda *a, **k: checkpoint(
             f, *a, use_reentrant=False, context_fn=context_fn, **k))(layer.forward)
     return plain
+
+
+@functools.cache
+def _load_torchtune_offloading():
+    """torchtune's training/_activation_offloading.py, loaded by its path, and where it
+    came from: ({"torchtune": version, "torchtune_dir": dir}, module).
+
+    torchtune comes from SPILLWAY_T1_TORCHTUNE_DIR (a directory its wheel was installed
+    into with `pip install --no-deps --target DIR`) or else from the import path. The
+    file is loaded by its path because `import torchtune` runs the package's
+    __init__, which requires torchao and imports every model and dataset. The file
+    itself needs only torchtune.modules.TiedLinear and torchtune.utils.get_logger,
+    which are loaded from their own files into empty package modules, and torchao
+    (its version and NF4Tensor, read only when offloading an NF4 tensor fails: t1 has
+    none), which is stood in for when it is not installed.
+    """
+    import importlib.metadata
+    import importlib.util
+    import types
+
+    import torch
+
+    root = os.environ.get("SPILLWAY_T1_TORCHTUNE_DIR")
+    if not root:
+        spec = importlib.util.find_spec("torchtune")
+        if spec is None or spec.origin is None:
+            raise SystemExit("[t1] torchtune methods need torchtune 0.6.1: install its wheel "
+                             "with `python3 -m pip install --no-deps --target DIR "
+                             "torchtune-0.6.1-py3-none-any.whl` and set "
+                             "SPILLWAY_T1_TORCHTUNE_DIR=DIR, or make torchtune importable")
+        root = os.path.dirname(os.path.dirname(spec.origin))
+    package = os.path.join(root, "torchtune")
+    path = os.path.join(package, "training", "_activation_offloading.py")
+    if not os.path.isfile(path):
+        raise SystemExit(f"[t1] {root} holds no torchtune/training/_activation_offloading.py "
+                         "(SPILLWAY_T1_TORCHTUNE_DIR names the directory given to "
+                         "`pip install --no-deps --target`)")
+    version = next((d.version for d in importlib.metadata.distributions(name="torchtune",
+                                                                        path=[root])), "unknown")
+
+    def empty_package(name: str) -> types.ModuleType:
+        module = types.ModuleType(name)
+        module.__path__ = [os.path.join(package, *name.split(".")[1:])]
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)
+        return module
+
+    def from_file(name: str, file: str) -> types.ModuleType:
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    if importlib.util.find_spec("torchao") is None:
+        torchao = types.ModuleType("torchao")
+        torchao.__version__ = "0 (absent; t1 stands in)"
+        nf4tensor = types.ModuleType("torchao.dtypes.nf4tensor")
+        nf4tensor.NF4Tensor = type("NF4Tensor", (torch.Tensor,), {})  # no tensor of t1 is one
+        torchao.dtypes = types.ModuleType("torchao.dtypes")
+        torchao.dtypes.nf4tensor = nf4tensor
+        sys.modules.update({"torchao": torchao, "torchao.dtypes": torchao.dtypes,
+                            "torchao.dtypes.nf4tensor": nf4tensor})
+    for name in ("torchtune", "torchtune.modules", "torchtune.utils", "torchtune.training"):
+        empty_package(name)
+    sys.modules["torchtune"].__version__ = version
+    sys.modules["torchtune.modules"].TiedLinear = from_file(
+        "torchtune.modules.tied_linear", os.path.join(package, "modules", "tied_linear.py")).TiedLinear
+    sys.modules["torchtune.utils"].get_logger = from_file(
+        "torchtune.utils._logging", os.path.join(package, "utils", "_logging.py")).get_logger
+    module = from_file("torchtune.training._activation_offloading", path)
+    return {"torchtune": version, "torchtune_dir": root}, module  # cached: loaded once
+
+
+def _torchtune_offload(model):
+    """torchtune's activation offloading as its recipes apply it (full_finetune_single_device,
+    0.6.1): get_act_offloading_ctx_manager builds OffloadActivations() with its defaults
+    (pinned memory, a second stream, up to 5 activations kept alive in forward, tensors
+    of 1 KiB and up) and keeps the output head's activations on the GPU under NoOpManager;
+    the context wraps the model's call, and the loss is computed outside it."""
+    import types
+
+    found, offloading = _load_torchtune_offloading()
+    # The function finds the output head as `model.output` (torchtune's TransformerDecoder);
+    # HF's LlamaForCausalLM calls it lm_head.
+    ctx = offloading.get_act_offloading_ctx_manager(types.SimpleNamespace(output=model.lm_head),
+                                                    enable_activation_offloading=True)
+    found["offload"] = dict(use_streams=ctx.use_streams, use_pin_memory=ctx.use_pin_memory,
+                            max_fwd_stash_size=ctx.max_fwd_stash_size,
+                            min_offload_size=ctx.min_tensor_size_bytes)
+
+    def step(ids):
+        with ctx:
+            logits = model(input_ids=ids, use_cache=False).logits
+        # What LlamaForCausalLM.forward does with labels, outside the context as in the recipe.
+        return model.loss_function(logits=logits, labels=ids, vocab_size=model.config.vocab_size)
+    return step, lambda: dict(found)
 
 
 def _budget_bytes(spec, model, device: str):
@@ -442,12 +570,16 @@ def run_one(spec: str, args) -> dict:
 def render(results: list[dict], command: str) -> str:
     base = {r["method"]: r for r in results}
     out = []
-    first = results[0]
-    out.append(f"# T1 on {first['device']}, torch {first['torch']}\n")
-    out.append(f"Command: `{command}`  ")
-    shape = first["shape"]
-    out.append(f"Shape: {shape}, {first['dtype']}; median step time over the measured steps; "
-               "activation = peak allocated during a step minus allocated at its start.\n")
+    first = next((r for r in results if "error" not in r), None)  # errors carry no shape
+    if first is None:
+        out.append("# T1: every method failed\n")
+        out.append(f"Command: `{command}`\n")
+    else:
+        out.append(f"# T1 on {first['device']}, torch {first['torch']}\n")
+        out.append(f"Command: `{command}`  ")
+        out.append(f"Shape: {first['shape']}, {first['dtype']}; median step time over the "
+                   "measured steps; activation = peak allocated during a step minus "
+                   "allocated at its start.\n")
     out.append("| method | step ms | x none | x compiled | activation GiB | peak GiB | bytes offloaded |")
     out.append("|---|---|---|---|---|---|---|")
     none = base.get("none")
@@ -464,6 +596,11 @@ def render(results: list[dict], command: str) -> str:
         moved = r.get("method_stats", {}).get("bytes_offloaded")
         moved = f"{moved / GIB:.2f} GiB" if isinstance(moved, (int, float)) else "-"
         out.append(f"| {r['method']} | {ms:.1f} | {xn} | {xc} | {act} | {peak} | {moved} |")
+    versions = {(r.get("method_stats") or {}).get("torchtune") for r in results
+                if "error" not in r} - {None}
+    if versions:
+        out.append(f"\ntorchtune {', '.join(sorted(versions))}: "
+                   "training/_activation_offloading.py as its recipes apply it.")
     flats = [r for r in results if "flat" in r]
     if flats:
         out.append("\nFlat over many steps (bytes: min / max over the steps):\n")
