@@ -60,9 +60,10 @@ struct BudgetOptions {
   // Eager mode (the offload store waits per block call): an offloaded value's
   // device copy is let go at the end of the first forward region, release_lag
   // regions after its producer's or later, by which the fast model expects
-  // its D2H to have finished; at the latest at the end of the last forward
-  // region (the wait stalls there if the copy is still running). The lag
-  // chosen per value is BudgetChoice::release_lag. Off: every value waits
+  // its D2H to have finished, or the end of the last forward region, or the
+  // end of forward (before the first backward node; the wait stalls there if
+  // the copy is still running). The lag chosen per value is
+  // BudgetChoice::release_lag. Off: every value waits
   // release_lag regions later, as ActivationPlanOptions::release_lag.
   bool release_when_copied = false;
   std::int64_t min_bytes = 1 << 20;
@@ -92,7 +93,7 @@ struct BudgetChoice {
   // Offloaded: the forward regions after its producer's at whose start its
   // device copy is let go (BudgetOptions::release_lag, or the lag chosen with
   // release_when_copied; one past the last region: at the end of the last
-  // forward region). -1 otherwise.
+  // forward region; two past: at the end of forward). -1 otherwise.
   int release_lag = -1;
 };
 

@@ -254,10 +254,10 @@ def test_offloaded_blocks_wait_at_the_lag_the_plan_chose():
     from spillway.activations._budget_graph import BlockCall, StepProfile
     profile = StepProfile(calls=[BlockCall(block=k, path=f"layers.{k}") for k in range(3)])
     policies, choices = BudgetedOffload._policies_of(result, profile)
-    assert [p.lag for p in policies] == [2, 0, 2]  # S_0: 3-1; S_1: 1-1; X_1 in call 2: 4-2
-    assert [c.lag for c in choices] == [2, 0, 2]
+    assert [p.lag for p in policies] == [2, 0, 3]  # S_0: 3-1; S_1: 1-1; X_1 in call 2: 4-1
+    assert [c.lag for c in choices] == [2, 0, 3]
     assert policies[2] == _CallPolicy(checkpoint=True, offload_saved=False, offload_input=True,
-                                      lag=2)
+                                      lag=3)
 
     work = WORKLOADS["toy"]()
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)

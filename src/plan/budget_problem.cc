@@ -253,14 +253,24 @@ void BudgetProblem::release_choices(const analysis::Regions& forward, std::size_
                                     const std::vector<double>& prefix_ms,
                                     ModelCandidate& c) const {
   // Region starts `lag` regions later (the wait sits right before them), then
-  // the end of the last region; only those at or after the last forward use.
+  // the end of the last region, then the end of forward (before the first
+  // backward node); only those at or after the last forward use.
   const std::size_t regions = forward.anchors.size();
   const std::size_t first_lag = static_cast<std::size_t>(std::max(1, options_.release_lag));
-  for (std::size_t lag = first_lag; region + lag <= regions; ++lag) {
+  std::size_t forward_end = 0;
+  while (forward_end + 1 < graph_.nodes.size() &&
+         graph_.nodes[forward_end + 1].phase == Phase::kForward) {
+    ++forward_end;
+  }
+  for (std::size_t lag = first_lag; region + lag <= regions + 1; ++lag) {
     const std::size_t later = region + lag;
-    const std::size_t position =
-        later < regions ? forward.anchors[later] - 1 : forward.ends.back();
-    if (position < c.last_forward) continue;
+    const std::size_t position = later < regions    ? forward.anchors[later] - 1
+                                 : later == regions ? forward.ends.back()
+                                                    : forward_end;
+    if (position < c.last_forward ||
+        (!c.release_positions.empty() && position <= c.release_positions.back())) {
+      continue;
+    }
     c.release_positions.push_back(position);
     c.release_lags.push_back(static_cast<int>(lag));
   }

@@ -344,8 +344,8 @@ class RewriteBuilder {
   // ActivationPlanOptions::release_lag: each forward wait goes before the
   // first node of the forward region `lag` regions after its producer's, when
   // that node comes later than the wait. A value's own ChosenValue::release_lag
-  // overrides `lag`; it may point one past the last region: right after that
-  // region's last node.
+  // overrides `lag`; it may point one past the last region (right after that
+  // region's last node) or two past it (right before the first backward node).
   void delay_forward_waits(const std::vector<ChosenValue>& chosen,
                            const std::vector<Offload>& offloads, int lag) {
     const bool own_lags = std::any_of(chosen.begin(), chosen.end(),
@@ -372,6 +372,12 @@ class RewriteBuilder {
       } else if (chosen[i].release_lag >= 0 && target == regions.anchors.size() &&
                  regions.ends.back() + 1 < nodes.size()) {
         anchor_position = regions.ends.back() + 1;
+      } else if (chosen[i].release_lag >= 0 && target == regions.anchors.size() + 1) {
+        anchor_position = regions.ends.back() + 1;  // the first backward node
+        while (anchor_position < nodes.size() && nodes[anchor_position]->phase != Phase::kBackward) {
+          ++anchor_position;
+        }
+        if (anchor_position >= nodes.size()) continue;
       } else {
         continue;  // the last regions: reference placement
       }

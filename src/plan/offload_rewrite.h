@@ -90,7 +90,8 @@ struct ChosenValue {
   NodeId reload_before = -1;
   // The release lag of this value's forward wait when >= 0 (overrides
   // build_offload_rewrite's release_lag; one past the last forward region:
-  // right after the last region's last node).
+  // right after the last region's last node; two past: right before the
+  // first backward node).
   int release_lag = -1;
 };
 

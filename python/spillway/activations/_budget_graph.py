@@ -9,9 +9,11 @@ bytes; this module writes them as a graph whose nodes stand for whole blocks:
     pre_forward -> pre_saved        the work before the first block (embeddings)
     pre_output  -> X_-1             the first block's input
     per call k (module stack of the block, e.g. ["model.layers.3"]):
-      b{k}_forward(X_k-1) -> S_k    everything the block saves for backward,
+      b{k}_input(X_k-1)   -> token  4 bytes, time 0 (see block_graph)
+      b{k}_forward(token) -> S_k    everything the block saves for backward,
                                     one uint8 [1, bytes] tensor; time = forward
-      b{k}_output(S_k)    -> X_k    the block output, time 0
+      b{k}_output(S_k)    -> X_k    the block output, time 0, with the module
+                                    stack of block k+1 (whose input it is)
     post_forward(X_last) -> post_saved; loss(post_saved) -> loss
     post_backward(post_saved, loss) -> G_last; other_param_grads(G_last)
     per call k, last first:
@@ -50,6 +52,7 @@ NAMESPACE = "eager_block"
 _OPS = {
     # name: (argument names, random)
     "pre": (["resident"], False),
+    "input": (["input"], False),
     "forward": (["input"], False),
     "output": (["saved"], True),  # never recomputed: see the module docstring
     "post": (["input"], False),
@@ -170,10 +173,17 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
     inputs, saved = [], []
     for k, call in enumerate(profile.calls):
         inputs.append(x)
-        s = w.op("forward", [x], "forward", stacks[k], call.saved_bytes, call.forward_ms,
+        # The block reads its input through a 4-byte token: X_k-1's last forward use is
+        # then the token, so an offload of X_k-1, whose forward wait takes that last use
+        # as an argument (offload_rewrite.h), does not hold S_k up to it.
+        token = w.op("input", [x], "forward", stacks[k], 4, 0.0, f"b{k}_input")
+        s = w.op("forward", [token], "forward", stacks[k], call.saved_bytes, call.forward_ms,
                  f"b{k}_forward")
         saved.append(s)
-        x = w.op("output", [s], "forward", stacks[k], call.output_bytes, 0.0, f"b{k}_output")
+        # X_k is the next block's input: it carries that block's stack, so the planner's
+        # regions (release lag, reload lead) count from the block that saves it.
+        x_stack = stacks[k + 1] if k + 1 < len(profile.calls) else stacks[k]
+        x = w.op("output", [s], "forward", x_stack, call.output_bytes, 0.0, f"b{k}_output")
     post_saved = w.op("post", [x], "forward", [], profile.post_saved_bytes,
                       profile.post_forward_ms, "post_forward")
     loss = w.op("loss", [post_saved], "forward", [], 4, 0.0, "loss")
@@ -186,7 +196,9 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
         call = profile.calls[k]
         s = saved[k]
         if checkpointed:
-            s = w.op("forward", [inputs[k]], "backward", stacks[k], call.saved_bytes,
+            token = w.op("input", [inputs[k]], "backward", stacks[k], 4, 0.0,
+                         f"b{k}_recompute_input")
+            s = w.op("forward", [token], "backward", stacks[k], call.saved_bytes,
                      call.forward_ms, f"b{k}_recompute")
         grad_in_bytes = profile.calls[k - 1].output_bytes if k > 0 else first_input
         grad = w.op("backward", [s, inputs[k], grad], "backward", stacks[k], grad_in_bytes,
@@ -210,7 +222,7 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
 
 def recomputed_ids(graph: dict) -> list[int]:
     """The b{k}_recompute nodes of a checkpointed block graph."""
-    return [n["id"] for n in graph["nodes"] if re.fullmatch(r"b\d+_recompute", n["name"])]
+    return [n["id"] for n in graph["nodes"] if re.fullmatch(r"b\d+_recompute(_input)?", n["name"])]
 
 
 def calibration_offset(simulate, profile: StepProfile, device: str) -> tuple[int, dict]:

@@ -38,8 +38,8 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      release_when_copied) picks, per block's saved tensors S_k and per block
      output X_k, keep, offload or recompute, and for each offload the block
      call at whose end its device memory goes: the first by which the
-     planner expects its copy to have finished (at least `lag` calls later,
-     at the latest the last block's end).
+     planner expects its copy to have finished (at least `lag` calls later),
+     else the last block's end, else the model call's end.
   4. Decisions become actions per block call:
        S_k keep                 nothing;
        S_k offload              the block's saved tensors go through the
@@ -428,6 +428,13 @@ class BudgetedOffload(eager.OffloadActivations):
             self._pass_mode = "checkpoint"  # the profiling step's backward has not run yet
 
     def _on_model_end(self, module, args, output):
+        if self._pass_mode == "plan":
+            # The plan's waits that are due after the last block (its lag points past it:
+            # the end of forward) run here and let the device copies go. Without this the
+            # store would keep them resident when backward starts.
+            with self._lock:
+                while self._pending:
+                    self._finish_layer(self._pending.popleft(), keep_resident=False)
         rec = self._recording
         if self._pass_mode == "profile" and rec is not None and rec.model_end is None:
             rec.model_end = self._clock.mark()
@@ -662,23 +669,38 @@ class BudgetedOffload(eager.OffloadActivations):
 
     # ---- planning -----------------------------------------------------------
 
-    def _fastest_plan(self, text: str, budget: int) -> tuple[dict, dict]:
+    def _fastest_plan(self, text: str, budget: int, input_bytes: int) -> tuple[dict, dict]:
         """The planner at each prefetch distance from the context's `prefetch` up (the
         store reloads a block's tensors that many block calls ahead of its backward; a
-        copy longer than a block needs more); the fastest forecast wins, the shorter
-        distance on a tie. Raises the planner's MemoryError when none fits."""
+        copy longer than a block needs more), with and without the blocks' inputs as
+        candidates (min_bytes above a hidden state's bytes); the fastest forecast wins,
+        the first tried on a tie. Raises the planner's MemoryError when none fits.
+
+        Why without the inputs: the graph holds a kept block's input until its backward,
+        but a block that does not save its input (a Llama layer saves its RMSNorm's
+        float copy) lets it go after forward. The planner then offloads such inputs
+        for nothing: the store moves no bytes, but the plan counted their copies on
+        the link and left that much less for the blocks' saved tensors."""
         best, error = None, None
+        floors = [self._min_bytes]
+        if input_bytes >= self._min_bytes:
+            floors.append(input_bytes + 1)
         for distance in sorted({self._min_prefetch, *_PREFETCH_DISTANCES}):
             if distance < self._min_prefetch:
                 continue
-            options = self._planner_options(distance)
-            try:
-                result = json.loads(_bindings().plan_memory_budget(text, budget, **options))
-            except MemoryError as e:
-                error = error or e
-                continue
-            if best is None or result["forecast"]["step_ms"] < best[1]["forecast"]["step_ms"]:
-                best = (options, result)
+            if best is not None and distance > 2 * best[0]["prefetch_regions"] + 1:
+                break  # two distances past the best gained nothing: a longer one will not
+            for floor in floors:
+                options = self._planner_options(distance)
+                options["min_bytes"] = floor
+                try:
+                    result = json.loads(_bindings().plan_memory_budget(text, budget, **options))
+                except MemoryError as e:
+                    error = error or e
+                    continue
+                if (best is None
+                        or result["forecast"]["step_ms"] < best[1]["forecast"]["step_ms"]):
+                    best = (options, result)
         if best is None:
             raise error
         return best
@@ -721,7 +743,8 @@ class BudgetedOffload(eager.OffloadActivations):
         if budget is None:
             baseline = self._simulate(text)["peak_bytes"]
             budget = max(1, int(self._budget_fraction * baseline))
-        options, result = self._fastest_plan(text, budget)
+        inputs = max((c.output_bytes for c in now.calls), default=0)
+        options, result = self._fastest_plan(text, budget, inputs)
         self._prefetch = options["prefetch_regions"]
         self._policies, choices = self._policies_of(result, now)
         self.plan = EagerBudgetPlan(choices=choices, budget_bytes=budget, result=result,
@@ -762,16 +785,17 @@ class BudgetedOffload(eager.OffloadActivations):
         policies, choices = [], []
         for k, call in enumerate(profile.calls):
             input_decision = output[k - 1] if k > 0 else "keep"
-            # The planner's lag P for S_k waits before region k + P: at the end of call
-            # k + P - 1, eager lag P - 1. For X_k-1 (made in region k - 1, packed in call
-            # k): the end of call k + P - 2, eager lag P - 2. A call has one lag: the
-            # smaller of its two.
+            # The planner's lag P waits before region k + P: at the end of call k + P - 1,
+            # eager lag P - 1, for S_k and for X_k-1 alike (the graph gives X_k-1 block
+            # k's stack: region k). A call has one lag: the larger of its two (a block's
+            # input waiting longer than planned holds one hidden state a little longer;
+            # its saved tensors waiting too early would stall on their copy).
             lags = []
             if saved[k] == "offload" and saved_lag[k] is not None:
                 lags.append(max(0, saved_lag[k] - 1))
             if input_decision == "offload" and k > 0 and output_lag[k - 1] is not None:
-                lags.append(max(0, output_lag[k - 1] - 2))
-            lag = min(lags) if lags else None
+                lags.append(max(0, output_lag[k - 1] - 1))
+            lag = max(lags) if lags else None
             policies.append(_CallPolicy(checkpoint=saved[k] == "recompute",
                                         offload_saved=saved[k] == "offload",
                                         offload_input=input_decision == "offload", lag=lag))
