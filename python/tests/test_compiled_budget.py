@@ -189,7 +189,10 @@ def test_cuda_bf16_budget_plans_under_inductor(allow_recompute):
         base = _tiny_llama(layers=4).to(device="cuda", dtype=torch.bfloat16)
         steps = [_ids(s).cuda() for s in range(STEPS)]
         model = copy.deepcopy(base)
-        run = compiled.compile(model, memory_budget=0.85 if allow_recompute else 0.95,
+        # 0.92 / 0.95 of the baseline: on the H200 the smallest peak this bf16 graph
+        # reaches is 0.883 of it (fusible values are never offloaded under Inductor);
+        # 0.85 was below it (2026-12-01).
+        run = compiled.compile(model, memory_budget=0.92 if allow_recompute else 0.95,
                                allow_recompute=allow_recompute, min_bytes=0)
         got = _train(model, run, steps)
         (plan,) = compiled.last_plans()
