@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "analysis/inductor_fusion.h"
 #include "analysis/op_facts.h"
 #include "analysis/regions.h"
 #include "plan/offload_rewrite.h"
@@ -12,14 +13,10 @@
 namespace spillway::plan {
 namespace {
 
-// What Inductor fuses into its readers (partitioner_recomputes_pointwise):
-// ops tagged pointwise, and the dtype casts and selects it treats as such.
+// What the partitioner recomputes for free and Inductor fuses into its
+// readers (partitioner_recomputes_pointwise).
 bool fusible(const Graph& graph, const Node& node) {
-  const OpSchema* schema = graph.schema_of(node);
-  if (schema != nullptr && schema->is_pointwise) return true;
-  return node.target == "aten._to_copy.default" ||
-         node.target == "prims.convert_element_type.default" ||
-         node.target == "aten.where.self" || node.target == "aten.clone.default";
+  return analysis::is_inductor_pointwise(node, graph.schema_of(node));
 }
 
 }  // namespace
