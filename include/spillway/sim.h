@@ -62,6 +62,29 @@
 //       kInFlight from its offload node until its forward wait, where it is
 //       freed unless something later reads it (then it takes its own category
 //       again).
+//   (9) With SimOptions::inductor_fusion (graphs torch.compile runs: Inductor
+//       fuses pointwise chains into generated kernels), a node is fused when
+//       its op is one Inductor computes inside a fused kernel (pointwise ops,
+//       dtype casts, where, clone, and the reductions and layout ops listed
+//       by analysis::is_inductor_fused, src/analysis/inductor_fusion.h, with
+//       the generated code that shows it). A storage is not materialised when
+//       its first producer is a fused node, every other node producing a
+//       value in it is an alias (a non-mutating node whose outputs all live
+//       in storages that already exist: views, getitem), and every node
+//       reading any value in it runs in the first producer's phase and is a
+//       fused node or an alias; a storage the output node reads is
+//       materialised. A storage that is not materialised is never allocated
+//       (its values, views included, cost no device bytes: Inductor computes
+//       them in registers inside its readers' kernel), so a value read by a
+//       matmul, attention or a copy, saved for backward (read in the other
+//       phase) or returned stays. A fused node's compute time is its time
+//       (time_ms, or the roofline) times the share of its memory traffic
+//       that remains: the bytes of its distinct tensor inputs and of its
+//       outputs that live in materialised storages, over the bytes of all of
+//       them; a fused node that reads and writes no bytes keeps its time.
+//       Fused kernels are memory bound and an op's measured time is mostly
+//       its traffic, so a chain fused into one kernel costs about one pass
+//       over the bytes it reads and writes in memory.
 //
 // Thread-safety: every function here is pure; a CostModel is immutable after
 // construction and may be shared between threads.
@@ -187,6 +210,10 @@ struct SimOptions {
   // Keep the per-node timeline and stream intervals (the writers need them).
   // Off, simulate() returns only the totals and the peak: the planners' mode.
   bool record_timeline = true;
+  // Simulate as torch.compile runs the graph: Inductor fuses pointwise chains
+  // (execution model (9)). Off, every node's output is allocated and every
+  // node takes its own time, as when the graph runs op by op (eager).
+  bool inductor_fusion = false;
 };
 
 // One node's interval on a stream.

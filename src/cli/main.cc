@@ -351,6 +351,7 @@ int run_plan(const PlanArgs& args) {
 struct SimulateArgs {
   std::string graph_path;
   SimArgs sim;
+  bool inductor_fusion = false;
 };
 
 int run_simulate(const SimulateArgs& args) {
@@ -358,6 +359,7 @@ int run_simulate(const SimulateArgs& args) {
   const Graph graph = load_verified(args.graph_path);
   SimOptions options;
   options.record_timeline = args.sim.wants_timeline();
+  options.inductor_fusion = args.inductor_fusion;
   const SimResult result = simulate(graph, CostModel(profile), options);
   const std::string title = display_name(graph, args.graph_path) + " (" + profile.name + ")";
   const std::string written = write_sim_outputs(args.sim, graph, result, title);
@@ -487,6 +489,11 @@ int main_impl(int argc, char** argv) {
       ->add_option("GRAPH", simulate_args.graph_path,
                    "Graph file (.json or .json.zst), original or rewritten by a plan")
       ->required();
+  simulate_command->add_flag(
+      "--inductor-fusion", simulate_args.inductor_fusion,
+      "Simulate as torch.compile runs the graph: values Inductor computes inside fused "
+      "kernels (pointwise chains, casts, softmax and loss reductions) are never allocated, "
+      "and fused ops keep only the share of their time that their traffic in memory keeps");
   add_sim_options(*simulate_command, simulate_args.sim);
 
   std::string validate_path;

@@ -17,6 +17,11 @@
 //   3. replay: one more walk in graph order advances the three streams and the
 //      live bytes (allocations before a node, frees after it) and keeps the
 //      peak, the totals and, with record_timeline, the per-node points.
+// With SimOptions::inductor_fusion, pass 1 also notes, per slot, whether
+// anything but a fused node or an alias in its phase touches it, and keeps
+// each fused node's inputs; between passes 1 and 2, fold_fusion() marks the
+// slots that are not materialised and scales the fused nodes' times
+// (execution model (9)).
 
 #include <algorithm>
 #include <array>
@@ -28,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "analysis/inductor_fusion.h"
 #include "sim/node_cost.h"
 #include "sim/node_lookup.h"
 #include "sim/tensor_bytes.h"
@@ -90,6 +96,10 @@ struct Slot {
   bool whole_step = false;   // a placeholder's: allocated before the step, never freed
   bool to_end = false;       // read by the output node: never freed
   bool backward_read = false;
+  // inductor_fusion: something other than a fused node or an alias in the
+  // first producer's phase produces or reads it; fused: not materialised.
+  bool fusion_blocked = false;
+  bool fused = false;
   std::uint8_t category = kTemporaries;
 };
 
@@ -236,6 +246,7 @@ class Simulation {
 
   SimResult run() {
     lay_out();
+    if (options_.inductor_fusion) fold_fusion();
     assign_categories();
     return replay();
   }
@@ -295,6 +306,11 @@ class Simulation {
     linked_.assign(n_, -1);
     in_flight_slot_.assign(n_, -1);
     copy_bytes_.assign(n_, 0);
+    const bool fusion = options_.inductor_fusion;
+    if (fusion) {
+      fused_node_.assign(n_, false);
+      fused_inputs_begin_.assign(n_ + 1, 0);
+    }
     slots_.reserve(n_);
     slot_forward_.reserve(n_);
     out_slots_.reserve(n_ + n_ / 4);
@@ -307,10 +323,15 @@ class Simulation {
       role_[at] = role;
       const bool backward = node.phase == Phase::kBackward;
       const bool is_output = node.kind == NodeKind::kOutput;
+      const OpSchema* schema = schemas_.of(node);
+      if (fusion) inputs_.clear();
 
       node.for_each_input([&](NodeId id) {
         const std::int32_t from = position_of_input(node, id, pos);
         const auto from_at = static_cast<std::size_t>(from);
+        if (fusion && std::find(inputs_.begin(), inputs_.end(), from) == inputs_.end()) {
+          inputs_.push_back(from);
+        }
         for (std::int32_t i = out_begin_[from_at]; i < out_begin_[from_at + 1]; ++i) {
           Slot& slot = slots_[static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)])];
           slot.last = pos;
@@ -328,9 +349,11 @@ class Simulation {
         }
       }
 
+      if (fusion) note_fusion(node, schema, role, pos, begin);
+
       switch (role) {
         case Role::kCompute:
-          duration_[at] = sim::node_ms(profile, node, schemas_.of(node), lookup_);
+          duration_[at] = sim::node_ms(profile, node, schema, lookup_);
           break;
         case Role::kOffload:
           link_offload(node, pos, begin);
@@ -342,6 +365,74 @@ class Simulation {
           link_wait(node, pos);
           break;
       }
+    }
+  }
+
+  // Execution model (9), pass 1: whether the node is fused, which slots it
+  // keeps from being left unmaterialised (those it reads or writes other than
+  // as a fused node or an alias of its phase), and, for a fused node, its
+  // distinct inputs (inputs_, by position) for fold_fusion().
+  void note_fusion(const Node& node, const OpSchema* schema, Role role, std::int32_t pos,
+                   std::size_t begin) {
+    const auto at = static_cast<std::size_t>(pos);
+    const bool fused = role == Role::kCompute && analysis::is_inductor_fused(node, schema);
+    bool alias = node.kind == NodeKind::kCallFunction && begin < out_slots_.size() &&
+                 !(schema != nullptr && schema->is_mutable);
+    for (std::size_t i = begin; i < out_slots_.size() && alias; ++i) {
+      alias = slots_[static_cast<std::size_t>(out_slots_[i])].first < pos;
+    }
+    for (std::size_t i = begin; i < out_slots_.size(); ++i) {
+      Slot& slot = slots_[static_cast<std::size_t>(out_slots_[i])];
+      if (slot.first == pos) {
+        slot.fusion_blocked = !fused;
+      } else if (!alias) {
+        slot.fusion_blocked = true;  // written again in place
+      }
+    }
+    const bool forward = node.phase == Phase::kForward;
+    for (std::int32_t from : inputs_) {
+      const auto from_at = static_cast<std::size_t>(from);
+      for (std::int32_t i = out_begin_[from_at]; i < out_begin_[from_at + 1]; ++i) {
+        const auto s = static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)]);
+        if (slot_forward_[s] != forward || !(fused || alias)) slots_[s].fusion_blocked = true;
+      }
+    }
+    fused_node_[at] = fused;
+    if (fused) fused_inputs_.insert(fused_inputs_.end(), inputs_.begin(), inputs_.end());
+    fused_inputs_begin_[at + 1] = static_cast<std::int32_t>(fused_inputs_.size());
+  }
+
+  // Whether any storage of the node's value is materialised (a node without
+  // a tensor: yes, it has no bytes either way).
+  bool materialised(std::size_t at) const {
+    if (out_begin_[at] == out_begin_[at + 1]) return true;
+    for (std::int32_t i = out_begin_[at]; i < out_begin_[at + 1]; ++i) {
+      if (!slots_[static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)])].fused) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Execution model (9), between passes 1 and 2: the slots left
+  // unmaterialised, and each fused node's time scaled by the share of its
+  // traffic (distinct inputs and outputs, value bytes) that stays in memory.
+  void fold_fusion() {
+    for (Slot& slot : slots_) {
+      slot.fused = !slot.fusion_blocked && !slot.whole_step && !slot.host && !slot.to_end;
+    }
+    for (std::size_t at = 0; at < n_; ++at) {
+      if (!fused_node_[at] || duration_[at] <= 0) continue;
+      const auto own = static_cast<double>(lookup_.value_bytes(graph_.nodes[at].id));
+      double traffic = own;
+      double kept = materialised(at) ? own : 0.0;
+      for (std::int32_t i = fused_inputs_begin_[at]; i < fused_inputs_begin_[at + 1]; ++i) {
+        const auto from = static_cast<std::size_t>(fused_inputs_[static_cast<std::size_t>(i)]);
+        const auto bytes = static_cast<double>(lookup_.value_bytes(graph_.nodes[from].id));
+        traffic += bytes;
+        if (materialised(from)) kept += bytes;
+      }
+      if (traffic > 0) duration_[at] *= kept / traffic;
     }
   }
 
@@ -428,14 +519,16 @@ class Simulation {
       } else {
         slot.category = kTemporaries;
       }
-      if (!slot.whole_step && !slot.to_end) ++free_begin_[static_cast<std::size_t>(slot.last) + 1];
+      if (!slot.whole_step && !slot.to_end && !slot.fused) {
+        ++free_begin_[static_cast<std::size_t>(slot.last) + 1];
+      }
     }
     for (std::size_t at = 0; at < n_; ++at) free_begin_[at + 1] += free_begin_[at];
     free_slots_.resize(static_cast<std::size_t>(free_begin_[n_]));
     std::vector<std::int32_t> fill(free_begin_.begin(), free_begin_.end() - 1);
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       const Slot& slot = slots_[s];
-      if (slot.whole_step || slot.to_end) continue;
+      if (slot.whole_step || slot.to_end || slot.fused) continue;
       free_slots_[static_cast<std::size_t>(fill[static_cast<std::size_t>(slot.last)]++)] =
           static_cast<std::int32_t>(s);
     }
@@ -482,7 +575,7 @@ class Simulation {
       for (std::int32_t i = out_begin_[at]; i < out_begin_[at + 1]; ++i) {
         const auto s = static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)]);
         const Slot& slot = slots_[s];
-        if (slot.first != pos || slot.whole_step) continue;
+        if (slot.first != pos || slot.whole_step || slot.fused) continue;
         if (slot.host) {
           host_live += slot.bytes;
         } else {
@@ -613,6 +706,12 @@ class Simulation {
   std::vector<std::int64_t> copy_bytes_;      // offload/reload -> bytes copied
   std::vector<std::int32_t> free_begin_;      // n + 1: slots freed after the node
   std::vector<std::int32_t> free_slots_;
+  // inductor_fusion only: whether the node is fused, and its distinct inputs
+  // (positions) in fused_inputs_[begin, next); inputs_ is pass 1's scratch.
+  std::vector<bool> fused_node_;
+  std::vector<std::int32_t> fused_inputs_begin_;  // n + 1
+  std::vector<std::int32_t> fused_inputs_;
+  std::vector<std::int32_t> inputs_;
 
   // By slot.
   SlotTable slot_table_;

@@ -6,6 +6,7 @@
 
 #include <numeric>
 #include <string>
+#include <vector>
 
 #include "spillway/error.h"
 #include "spillway/plan.h"
@@ -313,6 +314,206 @@ TEST(Simulate, WithoutTimelineTheTotalsAreTheSame) {
   EXPECT_EQ(lean.step_ms, full.step_ms);
   EXPECT_EQ(lean.compute_wait_ms, full.compute_wait_ms);
   EXPECT_EQ(lean.host_peak_bytes, full.host_peak_bytes);
+}
+
+// ---- SimOptions::inductor_fusion (execution model (9)) ----------------------
+
+SimOptions with_fusion() {
+  SimOptions options;
+  options.inductor_fusion = true;
+  return options;
+}
+
+// An fp32 tensor with the elements of mib_tensor(mib): 2 * mib MiB.
+TensorInfo fp32_of(std::int64_t mib) {
+  return GraphBuilder::tensor({mib * 512, 1024}, {}, 4, "float32");
+}
+
+// Registers `target` as an op tagged torch.Tag.pointwise.
+void pointwise_op(GraphBuilder& b, const std::string& target, std::vector<std::string> args) {
+  OpSchema schema = testing::pure_schema("aten", std::move(args));
+  schema.is_pointwise = true;
+  b.op(target, schema);
+}
+
+TEST(SimulateFusion, APointwiseChainBetweenMatmulsIsNeverAllocatedAndCostsItsTraffic) {
+  GraphBuilder b;
+  pointwise_op(b, "aten.mul.Tensor", {"self", "other"});
+  auto x = b.input("x", mib_tensor(1));
+  auto w = b.input("w", mib_tensor(1));
+  auto m = timed(b, b.call("aten.mm.default", {x, w}, mib_tensor(1)), 1.0);
+  auto up = timed(b, b.call("aten._to_copy.default", {m}, fp32_of(1)), 0.3);    // reads 1, writes 2
+  auto sq = timed(b, b.call("aten.mul.Tensor", {up, up}, fp32_of(1)), 0.3);     // reads 2, writes 2
+  auto down = timed(b, b.call("aten._to_copy.default", {sq}, mib_tensor(1)), 0.3);  // reads 2, writes 1
+  auto out = timed(b, b.call("aten.mm.default", {down, w}, mib_tensor(1)), 1.0);
+  b.output({out});
+  const Graph graph = b.build();
+  const CostModel cost(flat_profile());
+
+  const SimResult op_by_op = simulate(graph, cost);
+  EXPECT_EQ(op_by_op.peak_bytes, 6 * kMiB);  // x, w, up, sq while sq runs
+  EXPECT_EQ(op_by_op.peak_node, sq.id);
+  EXPECT_DOUBLE_EQ(op_by_op.step_ms, 2.9);
+
+  const SimResult fused = simulate(graph, cost, with_fusion());
+  // up and sq live only inside the kernel; m (an mm's) and down (an mm reads
+  // it) are allocated.
+  EXPECT_EQ(point_of(fused, up).live_bytes, 3 * kMiB);  // x, w, m
+  EXPECT_EQ(point_of(fused, sq).live_bytes, 2 * kMiB);  // m freed after up
+  EXPECT_EQ(point_of(fused, down).live_bytes, 3 * kMiB);
+  EXPECT_EQ(fused.peak_bytes, 4 * kMiB);
+  EXPECT_EQ(fused.peak_node, out.id);
+  // up keeps the third of its traffic it reads from m, down the third it
+  // writes; sq reads and writes nothing in memory.
+  EXPECT_NEAR(point_of(fused, up).end_ms - point_of(fused, up).start_ms, 0.1, 1e-12);
+  EXPECT_EQ(point_of(fused, sq).end_ms, point_of(fused, sq).start_ms);
+  EXPECT_NEAR(point_of(fused, down).end_ms - point_of(fused, down).start_ms, 0.1, 1e-12);
+  EXPECT_NEAR(fused.step_ms, 2.2, 1e-12);
+  EXPECT_NEAR(fused.compute_busy_ms, 2.2, 1e-12);
+}
+
+TEST(SimulateFusion, WithoutTheFlagNothingChanges) {
+  GraphBuilder b;
+  pointwise_op(b, "aten.mul.Tensor", {"self", "other"});
+  auto x = b.input("x", mib_tensor(1));
+  auto up = timed(b, b.call("aten._to_copy.default", {x}, fp32_of(1)), 0.5);
+  auto sq = timed(b, b.call("aten.mul.Tensor", {up, up}, fp32_of(1)), 0.5);
+  auto down = timed(b, b.call("aten._to_copy.default", {sq}, mib_tensor(1)), 0.5);
+  b.output({down});
+  const Graph graph = b.build();
+  SimOptions off;
+  off.inductor_fusion = false;
+  const SimResult plain = simulate(graph, CostModel(flat_profile()));
+  const SimResult explicit_off = simulate(graph, CostModel(flat_profile()), off);
+  EXPECT_EQ(explicit_off.peak_bytes, plain.peak_bytes);
+  EXPECT_EQ(explicit_off.step_ms, plain.step_ms);
+  EXPECT_EQ(plain.peak_bytes, 5 * kMiB);
+  EXPECT_DOUBLE_EQ(plain.step_ms, 1.5);
+}
+
+TEST(SimulateFusion, AValueSavedForBackwardIsAllocatedAsAnActivation) {
+  GraphBuilder b;
+  pointwise_op(b, "aten.mul.Tensor", {"self", "other"});
+  auto x = b.input("x", mib_tensor(1));
+  auto w = b.input("w", mib_tensor(1));
+  auto up = b.call("aten._to_copy.default", {x}, fp32_of(1));  // read again in backward
+  auto sq = b.call("aten.mul.Tensor", {up, up}, fp32_of(1));    // forward only
+  auto down = b.call("aten._to_copy.default", {sq}, mib_tensor(1));
+  auto m = b.call("aten.mm.default", {down, w}, mib_tensor(1));
+  b.backward();
+  auto grad = b.call("aten.mul.Tensor", {up, m}, fp32_of(1));
+  b.output({grad});
+  const SimResult r = simulate(b.build(), CostModel(flat_profile()), with_fusion());
+  EXPECT_EQ(point_of(r, sq).live_bytes, 4 * kMiB);  // x, w, up; not sq
+  EXPECT_EQ(point_of(r, sq).by_category[kAct], 2 * kMiB);
+  EXPECT_EQ(point_of(r, m).live_bytes, (1 + 1 + 2 + 1 + 1) * kMiB);
+  EXPECT_EQ(point_of(r, grad).live_bytes, (1 + 1 + 2 + 1 + 2) * kMiB);  // the output is allocated
+}
+
+TEST(SimulateFusion, ViewsShareTheirBasesFate) {
+  const CostModel cost(flat_profile());
+  // Read through a view by a fused op only: never allocated.
+  {
+    GraphBuilder b;
+    pointwise_op(b, "aten.neg.default", {"self"});
+    auto x = b.input("x", mib_tensor(1));
+    auto up = b.call("aten._to_copy.default", {x}, fp32_of(1));
+    auto v = b.view("aten.view.default", up, fp32_of(1));
+    auto n = b.call("aten.neg.default", {v}, fp32_of(1));
+    auto down = b.call("aten._to_copy.default", {n}, mib_tensor(1));
+    auto out = b.call("aten.mm.default", {down, x}, mib_tensor(1));
+    b.output({out});
+    const SimResult r = simulate(b.build(), cost, with_fusion());
+    EXPECT_EQ(point_of(r, n).live_bytes, 1 * kMiB);
+    EXPECT_EQ(r.peak_bytes, 3 * kMiB);
+    EXPECT_EQ(simulate(b.build(), cost).peak_bytes, 5 * kMiB);
+  }
+  // Read through a view by a matmul: the base's storage is allocated.
+  {
+    GraphBuilder b;
+    auto x = b.input("x", mib_tensor(1));
+    auto up = b.call("aten._to_copy.default", {x}, fp32_of(1));
+    auto v = b.view("aten.view.default", up, fp32_of(1));
+    auto out = b.call("aten.mm.default", {v, x}, fp32_of(1));
+    b.output({out});
+    const SimResult r = simulate(b.build(), cost, with_fusion());
+    EXPECT_EQ(point_of(r, up).live_bytes, 3 * kMiB);
+    EXPECT_EQ(r.peak_bytes, 5 * kMiB);
+  }
+  // A view taken in backward reads the forward value in backward: saved.
+  {
+    GraphBuilder b;
+    pointwise_op(b, "aten.neg.default", {"self"});
+    auto x = b.input("x", mib_tensor(1));
+    auto up = b.call("aten._to_copy.default", {x}, fp32_of(1));
+    auto n = b.call("aten.neg.default", {up}, fp32_of(1));
+    auto down = b.call("aten._to_copy.default", {n}, mib_tensor(1));
+    auto m = b.call("aten.mm.default", {down, x}, mib_tensor(1));
+    b.backward();
+    auto d = b.view("aten.detach.default", up, fp32_of(1));
+    auto g = b.call("aten.neg.default", {d}, fp32_of(1));
+    b.output({g, m});
+    const SimResult r = simulate(b.build(), cost, with_fusion());
+    EXPECT_EQ(point_of(r, n).live_bytes, 3 * kMiB);  // x and up; n is not
+    EXPECT_EQ(point_of(r, n).by_category[kAct], 2 * kMiB);
+  }
+}
+
+TEST(SimulateFusion, OutputsAndStoragesWrittenInPlaceAreAllocated) {
+  const CostModel cost(flat_profile());
+  {
+    GraphBuilder b;
+    auto x = b.input("x", mib_tensor(1));
+    b.output({b.call("aten._to_copy.default", {x}, fp32_of(1))});
+    EXPECT_EQ(simulate(b.build(), cost, with_fusion()).peak_bytes, 3 * kMiB);
+  }
+  {
+    GraphBuilder b;
+    pointwise_op(b, "aten.neg.default", {"self"});
+    auto x = b.input("x", mib_tensor(1));
+    auto up = b.call("aten._to_copy.default", {x}, fp32_of(1));
+    auto written = b.inplace("aten.add_.Tensor", up, {x});
+    auto n = b.call("aten.neg.default", {written}, fp32_of(1));
+    auto down = b.call("aten._to_copy.default", {n}, mib_tensor(1));
+    b.output({b.call("aten.mm.default", {down, x}, mib_tensor(1))});
+    const SimResult r = simulate(b.build(), cost, with_fusion());
+    EXPECT_EQ(point_of(r, written).live_bytes, 3 * kMiB);  // x and up
+    EXPECT_EQ(point_of(r, n).live_bytes, 3 * kMiB);        // not n
+  }
+}
+
+TEST(SimulateFusion, TheLossChainKeepsOnlyWhatBackwardReadsAndTheMatmulsRead) {
+  // bf16 logits -> fp32 -> log_softmax -> nll_loss, and back: Inductor
+  // computes the fp32 copy, the loss gradient and the log_softmax gradient
+  // inside its kernels (Note [What Inductor fuses]).
+  GraphBuilder b;
+  auto h = b.input("h", mib_tensor(1));
+  auto w = b.input("w", mib_tensor(1));
+  auto labels = b.input("labels", GraphBuilder::tensor({512}, {}, 8, "int64"));
+  auto logits = b.call("aten.mm.default", {h, w}, mib_tensor(1));
+  auto up = b.call("aten._to_copy.default", {logits}, fp32_of(1));
+  auto lsm = b.call("aten._log_softmax.default", {up}, fp32_of(1));
+  auto loss = b.call_value("aten.nll_loss_forward.default", {lsm, labels},
+                           GraphBuilder::tuple({GraphBuilder::tensor({}, {}, 4, "float32"),
+                                                GraphBuilder::tensor({}, {}, 4, "float32")}));
+  b.backward();
+  auto tangent = b.input("tangent", GraphBuilder::tensor({}, {}, 4, "float32"));
+  auto grad_lsm = b.call("aten.nll_loss_backward.default", {tangent, lsm, labels}, fp32_of(1));
+  auto grad_up = b.call("aten._log_softmax_backward_data.default", {grad_lsm, lsm}, fp32_of(1));
+  auto grad_logits = b.call("aten._to_copy.default", {grad_up}, mib_tensor(1));
+  auto grad_w = b.call("aten.mm.default", {grad_logits, h}, mib_tensor(1));
+  b.output({loss, grad_w});
+  const Graph graph = b.build();
+  const CostModel cost(flat_profile());
+  const SimResult op_by_op = simulate(graph, cost);
+  const SimResult fused = simulate(graph, cost, with_fusion());
+  EXPECT_EQ(point_of(op_by_op, lsm).live_bytes - point_of(fused, lsm).live_bytes, 2 * kMiB);
+  EXPECT_EQ(point_of(op_by_op, grad_up).live_bytes - point_of(fused, grad_up).live_bytes,
+            4 * kMiB);
+  // Saved: lsm, and the loss's two scalars (the output node, in backward, reads them).
+  EXPECT_EQ(point_of(fused, grad_up).by_category[kAct], 2 * kMiB + 2 * 512);
+  EXPECT_EQ(op_by_op.peak_node, grad_up.id);
+  EXPECT_EQ(op_by_op.peak_bytes - fused.peak_bytes, 4 * kMiB);
 }
 
 std::string invalid_graph_error(const Graph& graph) {
