@@ -3,13 +3,17 @@
 spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
-        --eager bench/results/2026-12-01-t1-budget-eager-h200.json \
-        --compiled-log bench/results/2026-12-01-t1-budget-compiled-v2-h200.log
+        --eager bench/results/2026-12-01-t1-eager-budget-v2-h200.json \
+        --compiled bench/results/2026-12-01-t1-compiled-peers-h200.json \
+        --compiled bench/results/2026-12-01-t1-compiled-budget-v3-h200.json
 
---eager takes a t1.py JSON file; --compiled-log a t1.py log ("[t1] method:
-X ms, activation Y GiB" lines), for a run whose JSON was not written. x =
-activation memory above the resident weights (GiB), y = step time relative
-to the run's `none` (eager) or `compiled` method.
+--eager and --compiled take t1.py JSON files (--compiled may repeat: each
+file's points are relative to its own `compiled` method); --compiled-log a
+t1.py log ("[t1] method: X ms, activation Y GiB" lines), for a run whose JSON
+was not written. x = activation memory above the resident weights (GiB), y =
+step time relative to the run's `none` (eager) or `compiled` method. Points
+above 1.6x (save_on_cpu, torchtune without checkpointing) sit on the top
+edge with their factor written beside them.
 """
 from __future__ import annotations
 
@@ -39,9 +43,21 @@ def _from_log(path: str) -> list[tuple[str, float, float]]:
     return points
 
 
+def _relative(points, base_name):
+    """(method, step time / the base method's, activation GiB) for one run's points."""
+    base = next(ms for m, ms, _ in points if m == base_name)
+    return [(m, ms / base, act) for m, ms, act in points]
+
+
+_TOP = 1.6
+
+
 def _label(method: str) -> str:
     names = {"none": "nothing", "ckpt-full": "checkpoint all", "compiled": "torch.compile",
-             "compiled-ckpt-full": "compile + checkpoint all"}
+             "compiled-ckpt-full": "compile + checkpoint all",
+             "ckpt-selective": "selective checkpointing", "save-on-cpu": "save_on_cpu",
+             "torchtune-offload": "torchtune offload",
+             "torchtune-offload-ckpt": "torchtune offload + checkpoint all"}
     if method in names:
         return names[method]
     if method.startswith("ckpt:k="):
@@ -52,13 +68,26 @@ def _label(method: str) -> str:
 
 
 def _panel(ax, points, base_name, title, spillway_prefix):
-    base = next(ms for m, ms, _ in points if m == base_name)
-    peers = [(m, ms / base, act) for m, ms, act in points if not m.startswith(spillway_prefix)]
-    ours = sorted(((ms / base, act) for m, ms, act in points if m.startswith(spillway_prefix)),
+    """points: (method, relative step time, activation GiB)."""
+    peers = [(m, x, act) for m, x, act in points if not m.startswith(spillway_prefix)]
+    ours = sorted(((x, act) for m, x, act in points if m.startswith(spillway_prefix)),
                   key=lambda p: p[1])
+    seen, above = set(), 0
     for m, x, act in peers:
-        ax.scatter(act, x, color="0.35", zorder=3)
-        ax.annotate(_label(m), (act, x), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        if m in seen:
+            continue  # the same peer from a second run (its own base): shown once
+        seen.add(m)
+        shown = min(x, _TOP)
+        ax.scatter(act, shown, color="0.35", zorder=3, marker="^" if x > _TOP else "o")
+        text = _label(m) + (f" ({x:.2f}x)" if x > _TOP else "")
+        offset = (5, 4 - 11 * above) if x > _TOP else (5, 4)
+        above += x > _TOP
+        if m.startswith("torchtune-offload-ckpt"):
+            offset = (5, 10)
+        elif m == "ckpt-full":
+            offset = (5, -10)
+        ax.annotate(text, (act, shown), textcoords="offset points", xytext=offset, fontsize=8)
+    ax.margins(x=0.18)
     if ours:
         ax.plot([a for _, a in ours], [x for x, _ in ours], "-o", color="tab:blue",
                 label="spillway, memory_budget", zorder=4)
@@ -66,20 +95,26 @@ def _panel(ax, points, base_name, title, spillway_prefix):
     ax.set_xlabel("activation memory above the weights (GiB)")
     ax.set_ylabel(f"step time (x {_label(base_name)})")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="lower left", fontsize=8)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eager", required=True)
-    parser.add_argument("--compiled-log", required=True)
+    parser.add_argument("--compiled", action="append", default=[])
+    parser.add_argument("--compiled-log")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    _panel(left, _from_json(args.eager), "none", "T1 eager, H200 (2026-12-01)",
-           "spillway-eager-budget")
-    _panel(right, _from_log(args.compiled_log), "compiled", "T1 torch.compile, H200 (2026-12-01)",
+    if not args.compiled and not args.compiled_log:
+        parser.error("give --compiled (t1.py JSON, may repeat) or --compiled-log")
+    compiled = [p for path in args.compiled for p in _relative(_from_json(path), "compiled")]
+    if args.compiled_log:
+        compiled += _relative(_from_log(args.compiled_log), "compiled")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    _panel(left, _relative(_from_json(args.eager), "none"), "none",
+           "T1 eager, H200 (2026-12-01)", "spillway-eager-budget")
+    _panel(right, compiled, "compiled", "T1 torch.compile, H200 (2026-12-01)",
            "spillway-compiled")
     fig.tight_layout()
     fig.savefig(args.out)
