@@ -247,6 +247,7 @@ void BudgetProblem::collect_candidates() {
 }
 
 void BudgetProblem::release_choices(const analysis::Regions& forward, std::size_t region,
+                                    std::size_t forward_end,
                                     const std::vector<double>& prefix_ms,
                                     ModelCandidate& c) const {
   // Region starts `lag` regions later (the wait sits right before them), then
@@ -254,11 +255,6 @@ void BudgetProblem::release_choices(const analysis::Regions& forward, std::size_
   // backward node); only those at or after the last forward use.
   const std::size_t regions = forward.anchors.size();
   const std::size_t first_lag = static_cast<std::size_t>(std::max(1, options_.release_lag));
-  std::size_t forward_end = 0;
-  while (forward_end + 1 < graph_.nodes.size() &&
-         graph_.nodes[forward_end + 1].phase == Phase::kForward) {
-    ++forward_end;
-  }
   for (std::size_t lag = first_lag; region + lag <= regions + 1; ++lag) {
     const std::size_t later = region + lag;
     const std::size_t position = later < regions    ? forward.anchors[later] - 1
@@ -330,6 +326,10 @@ void BudgetProblem::build_model() {
 
   std::vector<double> prefix_ms(n + 1, 0.0);
   for (std::size_t p = 0; p < n; ++p) prefix_ms[p + 1] = prefix_ms[p] + node_ms[p];
+  std::size_t forward_end = 0;  // the last node of the leading forward run
+  while (forward_end + 1 < n && graph_.nodes[forward_end + 1].phase == Phase::kForward) {
+    ++forward_end;
+  }
 
   std::vector<ModelCandidate> model;
   for (std::size_t i = 0; i < candidates_.size(); ++i) {
@@ -356,7 +356,7 @@ void BudgetProblem::build_model() {
     }
     if (options_.release_when_copied && c.can_offload && region &&
         forward.anchors[*region] <= c.position) {
-      release_choices(forward, *region, prefix_ms, c);
+      release_choices(forward, *region, forward_end, prefix_ms, c);
     }
     c.first_backward = index_.position(facts.first_backward_reader);
     if (options_.allow_recompute) {

@@ -56,9 +56,11 @@ class BudgetProblem {
   void collect_candidates();
   void build_model();
   // BudgetOptions::release_when_copied: c's release positions and lags, for a
-  // value produced in forward region `region`.
+  // value produced in forward region `region`; forward_end is the position of
+  // the last forward node before backward.
   void release_choices(const analysis::Regions& forward, std::size_t region,
-                       const std::vector<double>& prefix_ms, ModelCandidate& c) const;
+                       std::size_t forward_end, const std::vector<double>& prefix_ms,
+                       ModelCandidate& c) const;
 
   const Graph& graph_;
   BudgetOptions options_;

@@ -566,14 +566,7 @@ class BudgetedOffload(eager.OffloadActivations):
             with self._lock:
                 if task not in self._tasks_seen:
                     self._start_backward(task)
-                for back in range(1, self._prefetch + 1):
-                    earlier = self._layers.get(index - back)
-                    if earlier is None:
-                        continue  # pruned: nothing of it was offloaded
-                    if earlier.pass_id != pass_id:
-                        break
-                    if earlier.prefetched_task != task:
-                        self._reload_layer(earlier, task, "reloads_prefetched")
+                self._reload_before(index, pass_id, task)
         return hook
 
     def _warn_cache(self, kwargs) -> None:

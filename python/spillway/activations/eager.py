@@ -744,11 +744,15 @@ class OffloadActivations:
         layer.prefetched_task = task
         # The unpacking layer's own storages are needed now: "on demand".
         self._reload_layer(layer, task, "reloads_on_demand")
+        self._reload_before(layer.index, layer.pass_id, task)
+
+    def _reload_before(self, index: int, pass_id: int, task) -> None:
+        """Starts the reloads of the `prefetch` layers before layer `index` (same pass)."""
         for back in range(1, self._prefetch + 1):
-            earlier = self._layers.get(layer.index - back)
+            earlier = self._layers.get(index - back)
             if earlier is None:
                 continue  # pruned: nothing of it was offloaded
-            if earlier.pass_id != layer.pass_id:
+            if earlier.pass_id != pass_id:
                 break
             self._reload_layer(earlier, task, "reloads_prefetched")
 
