@@ -123,6 +123,21 @@ def test_smaller_budgets_fit_their_forecast_and_stay_bit_exact_under_aot_eager(f
     assert _max_difference(got, want) == 0.0
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_recomputed_values_are_not_saved_by_the_partitioner(backend):
+    # The partitioner's CSE merged each recompute copy back into its original,
+    # which the forward then saved: the plan undone, the peak not lowered.
+    assert torch._functorch.config.cse
+    got, want, plans = _run(0.85, backend, steps=2)
+    (plan,) = plans
+    assert any(c["decision"] == "recompute" and not c["by_partitioner"]
+               for c in plan.budget["choices"]), "the plan recomputes nothing"
+    assert not [line for line in plan.departures if "saved on the device" in line]
+    assert torch._functorch.config.cse, "the user's CSE setting is not restored"
+    if backend == "aot_eager":
+        assert _max_difference(got, want) == 0.0
+
+
 def test_offload_only_budget_is_bit_exact_under_inductor():
     got, want, plans = _run(0.95, "inductor", allow_recompute=False)
     (plan,) = plans

@@ -103,6 +103,8 @@ class CompiledPlan:
     forward_outputs: names of the forward graph's outputs: the model's outputs,
     then what the forward saves for backward (a chosen activation's forward
     wait, "spillway_wait_offload_<name>", is saved instead of the activation).
+    forward_output_bytes: bytes of each of forward_outputs (as forward_outputs;
+    0 where the graph carries no tensor metadata or the output is no tensor).
     forward_replays / backward_replays: names of the replayed nodes
     ("spillway_replay_<name>": views and, with replay_pointwise, pointwise
     ops rebuilt from reloads) in the forward and backward graphs.
@@ -114,6 +116,7 @@ class CompiledPlan:
     forward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     backward_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     forward_outputs: list[str] = dataclasses.field(default_factory=list)
+    forward_output_bytes: list[int] = dataclasses.field(default_factory=list)
     forward_replays: list[str] = dataclasses.field(default_factory=list)
     backward_replays: list[str] = dataclasses.field(default_factory=list)
     scope_in_graph: bool = True
@@ -208,6 +211,9 @@ def _raise_on_call(error: ValueError) -> Callable[..., Any]:
 
 
 def _guarded(compile_graph: Callable[..., Any], gm: Any, example_inputs: Any) -> Any:
+    # The budget pass may turn the partitioner's CSE off for the graph it
+    # planned (_budget_pass); the user's setting comes back after each compile.
+    cse = torch._functorch.config.cse
     try:
         return compile_graph(gm, example_inputs)
     except Exception as e:
@@ -215,6 +221,8 @@ def _guarded(compile_graph: Callable[..., Any], gm: Any, example_inputs: Any) ->
         if rejection is None:
             raise
         return _raise_on_call(rejection.error)
+    finally:
+        torch._functorch.config.cse = cse
 
 
 class _Session:
@@ -294,6 +302,14 @@ class _Session:
             raise _PlanRejected(ValueError(str(e))) from e
         if plan is not None and plan["edit_list"]:
             EditReplayer(graph).apply(plan["edit_list"])
+            if any(c["decision"] == "recompute" and not c["by_partitioner"]
+                   for c in plan["choices"]):
+                # A recompute is a copy of the forward's op that the backward
+                # reads instead of the original; the partitioner's CSE would merge
+                # it back into the original, which the forward then saves (the plan
+                # undone). merge_common_subexpressions has already merged what was
+                # common before planning. _guarded restores the setting.
+                torch._functorch.config.cse = False
         if (plan is not None and plan["edit_list"]) or merged:
             graph.lint()
             gm.recompile()
@@ -324,6 +340,7 @@ class _Session:
                 if record is not None:
                     record.forward_ops = counts
                     record.forward_outputs = _output_names(graph)
+                    record.forward_output_bytes = _output_bytes(graph)
                     record.forward_replays = replays
                     if record.budget is not None:
                         record.departures = _departures(record.budget, record.forward_outputs)
@@ -368,6 +385,21 @@ def _output_names(graph: torch.fx.Graph) -> list[str]:
     names: list[str] = []
     torch.fx.node.map_arg(output.args, lambda n: names.append(n.name))
     return names
+
+
+def _output_bytes(graph: torch.fx.Graph) -> list[int]:
+    (output,) = graph.find_nodes(op="output")
+    sizes: list[int] = []
+
+    def size(node: torch.fx.Node) -> None:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            sizes.append(value.untyped_storage().nbytes())
+        else:
+            sizes.append(0)
+
+    torch.fx.node.map_arg(output.args, size)
+    return sizes
 
 
 def _is_backward_graph(graph: torch.fx.Graph) -> bool:
