@@ -47,7 +47,7 @@ BudgetProblem::BudgetProblem(const Graph& graph, const BudgetOptions& options, c
       rule_options_(make_rule_options()),
       ctx_{index_, *regions_scope_, safety_, rule_options_} {
   collect_candidates();
-  baseline_ = simulate(graph_, cost_, SimOptions{});  // with its timeline: build_model reads it
+  baseline_ = simulate(graph_, cost_, sim_options({}));  // with its timeline: build_model reads it
   build_model();
   initial_.assign(model_->size(), Decision::kKeep);
   for (std::size_t i = 0; i < model_->size(); ++i) {
@@ -161,9 +161,7 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
       }
     }
   }
-  SimOptions sim_options;
-  sim_options.recomputed = plan.recomputed_nodes;
-  plan.simulation = simulate(plan.graph, cost_, sim_options);
+  plan.simulation = simulate(plan.graph, cost_, sim_options(plan.recomputed_nodes));
   plan.forecast = forecast_of(plan.graph, plan.simulation);
   for (std::size_t i = 0; i < decisions.size(); ++i) {
     if (decisions[i] == Decision::kRecompute) {
@@ -171,6 +169,15 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
     }
   }
   return plan;
+}
+
+SimOptions BudgetProblem::sim_options(std::vector<NodeId> recomputed) const {
+  SimOptions sim;
+  sim.recomputed = std::move(recomputed);
+  // torch.compile mode: the step as Inductor runs it, pointwise chains fused
+  // into their readers' kernels (neither allocated nor timed on their own).
+  sim.inductor_fusion = options_.partitioner_recomputes_pointwise;
+  return sim;
 }
 
 std::unique_ptr<analysis::ScopeRoots> BudgetProblem::make_scope() const {
@@ -279,9 +286,16 @@ void BudgetProblem::release_choices(const analysis::Regions& forward, std::size_
 
 void BudgetProblem::build_model() {
   const std::size_t n = graph_.nodes.size();
+  const SimResult& timeline = baseline_;
   std::vector<double> node_ms(n, 0.0);
   for (std::size_t p = 0; p < n; ++p) node_ms[p] = cost_.node_ms(graph_, graph_.nodes[p]);
-  const SimResult& timeline = baseline_;
+  if (options_.partitioner_recomputes_pointwise) {
+    // Fused nodes take a share of their time (execution model (9)): each
+    // node's compute time as the baseline simulation charged it.
+    for (std::size_t p = 0; p < n && p < timeline.timeline.size(); ++p) {
+      node_ms[p] = timeline.timeline[p].end_ms - timeline.timeline[p].start_ms;
+    }
+  }
   std::vector<std::int64_t> live(n, 0);
   for (std::size_t p = 0; p < n && p < timeline.timeline.size(); ++p) {
     live[p] = timeline.timeline[p].live_bytes;

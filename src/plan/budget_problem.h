@@ -50,6 +50,9 @@ class BudgetProblem {
   BudgetPlan materialise(const std::vector<Decision>& decisions) const;
 
  private:
+  // The simulator's options for this problem's graphs (fused in
+  // torch.compile mode).
+  SimOptions sim_options(std::vector<NodeId> recomputed) const;
   std::unique_ptr<analysis::ScopeRoots> make_scope() const;
   ActivationPlanOptions make_rule_options() const;
   std::string block_of(NodeId id) const;
