@@ -224,7 +224,12 @@ def _step_fn(name: str, options: dict, model, device: str):
                     "forecast": [p.forecast() for p in budgets],
                     "decisions": [{d: sum(c["decision"] == d for c in p.budget["choices"])
                                    for d in ("keep", "offload", "recompute")} for p in budgets],
-                    "departures": [p.departures[:20] for p in budgets],
+                    "departures": [p.departures for p in budgets],
+                    # What each forward saves for backward, largest first: where
+                    # the measured peak departs from the forecast.
+                    "saved_bytes": [sum(p.forward_output_bytes) for p in budgets],
+                    "saved": [sorted(zip(p.forward_outputs, p.forward_output_bytes),
+                                     key=lambda item: -item[1])[:200] for p in budgets],
                     "bytes_offloaded": sum(p.bytes_offloaded for p in plans),
                     "chosen": [name for p in plans for name in p.chosen][:64],
                     "forward_ops": [dict(p.forward_ops) for p in plans],
