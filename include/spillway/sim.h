@@ -122,6 +122,13 @@ struct DeviceProfile {
   // max(flops / peak, bytes / bandwidth) + launch overhead.
   double matmul_tflops_bf16 = 0;   // dense matmul peak, 16-bit inputs
   double matmul_tflops_fp32 = 0;   // with TF32 off
+  // Fused attention (scaled_dot_product_*_attention) with 16-bit inputs, in
+  // the FLOPs CostModel counts (is_causal halves them, backward is 2.5x the
+  // forward), as spillway.calibrate measures it: with an additive causal mask,
+  // as Hugging Face models call it. 0: absent, the bf16 matmul peak stands in
+  // (optional fields; with a mask attention runs far below that peak).
+  double attention_tflops_bf16 = 0;
+  double attention_backward_tflops_bf16 = 0;
   double memory_gbs = 0;           // device memory bandwidth
   double launch_us = 0;            // per-node floor (kernel launch + tail)
   LinkCurve d2h;                   // device -> pinned host, alone

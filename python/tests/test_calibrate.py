@@ -31,6 +31,7 @@ def _sample() -> dict:
     curve = [{"bytes": 65536, "gbs": 20.5}, {"bytes": 268435456, "gbs": 55.0}]
     return {"format": FORMAT, "version": 1, "name": "Some GPU", "source": "a test",
             "memory_bytes": 1 << 34, "matmul_tflops_bf16": 700.0, "matmul_tflops_fp32": 50.0,
+            "attention_tflops_bf16": 330.0, "attention_backward_tflops_bf16": 290.0,
             "memory_gbs": 4000.0, "launch_us": 2.5, "allocation_granularity": 512,
             **{c: [dict(p) for p in curve] for c in CURVES}}
 
@@ -53,8 +54,9 @@ def test_the_profile_is_written_as_the_cpp_writer_writes_it(tmp_path):
     assert json.loads(text) == profile
     assert list(json.loads(text)) == [
         "format", "version", "name", "source", "memory_bytes", "matmul_tflops_bf16",
-        "matmul_tflops_fp32", "memory_gbs", "launch_us", "allocation_granularity",
-        "d2h", "h2d", "d2h_duplex", "h2d_duplex"]
+        "matmul_tflops_fp32", "attention_tflops_bf16", "attention_backward_tflops_bf16",
+        "memory_gbs", "launch_us", "allocation_granularity", "d2h", "h2d", "d2h_duplex",
+        "h2d_duplex"]
     shipped = REPO / "src" / "sim" / "profiles" / "nvidia-h200.json"
     if shipped.exists():  # the simulator's own profile passes the same checks, field for field
         reference = json.loads(shipped.read_text())

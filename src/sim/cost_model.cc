@@ -89,9 +89,11 @@ bool holds_tensor(const Value& value) { return first_output_tensor(value) != nul
 
 // What a node computes: FLOPs and the operand whose element size picks the
 // peak (nullptr when the node is not in the matmul family).
+enum class WorkKind { kMatmul, kAttention, kAttentionBackward };
 struct Work {
   double flops = 0;
   const TensorInfo* operand = nullptr;
+  WorkKind kind = WorkKind::kMatmul;
 };
 
 // 2 * numel(out) * K, K the contracted dimension: the last one of `a`.
@@ -115,7 +117,7 @@ Work attention_work(const Node& node, const OpSchema* schema, const NodeLookup& 
                 static_cast<double>(d + dim_hint(*v, 1));
   if (bool_arg(node, schema, "is_causal", kByNameOnly)) work *= 0.5;
   if (backward) work *= kAttentionBackwardFactor;
-  return {work, q};
+  return {work, q, backward ? WorkKind::kAttentionBackward : WorkKind::kAttention};
 }
 
 Work convolution_work(const Node& node, const OpSchema* schema, const NodeLookup& lookup,
@@ -184,6 +186,18 @@ bool aliases_an_input(const Node& node, const OpSchema* schema, const NodeLookup
   return found;
 }
 
+// The rate a node's FLOPs run at: the profile's attention rates for 16-bit
+// attention where it has them, else the matmul peak of the operand's width.
+double peak_tflops(const DeviceProfile& profile, const Work& work) {
+  if (work.operand->element_size > 2) return profile.matmul_tflops_fp32;
+  double attention = 0;
+  if (work.kind == WorkKind::kAttention) attention = profile.attention_tflops_bf16;
+  if (work.kind == WorkKind::kAttentionBackward) {
+    attention = profile.attention_backward_tflops_bf16;
+  }
+  return attention > 0 ? attention : profile.matmul_tflops_bf16;
+}
+
 }  // namespace
 
 bool takes_no_time(const Node& node, const OpSchema* schema, const NodeLookup& lookup) {
@@ -221,8 +235,7 @@ double estimate_ms(const DeviceProfile& profile, const Node& node, const OpSchem
   double ms = profile.memory_gbs > 0 ? bytes / (profile.memory_gbs * 1e6) : 0;
   const Work work = work_of(node, schema, lookup);
   if (work.flops > 0 && work.operand != nullptr) {
-    const double tflops = work.operand->element_size <= 2 ? profile.matmul_tflops_bf16
-                                                           : profile.matmul_tflops_fp32;
+    const double tflops = peak_tflops(profile, work);
     if (tflops > 0) ms = std::max(ms, work.flops / (tflops * 1e9));
   }
   return ms + profile.launch_us * 1e-3;

@@ -111,6 +111,15 @@ TEST(CostModel, AttentionCountsBothProductsCausalHalvesBackwardIsTwoAndAHalf) {
   EXPECT_DOUBLE_EQ(cost.flops(g, b.node(causal)), forward / 2);
   EXPECT_DOUBLE_EQ(cost.flops(g, b.node(backward)), 2.5 * forward / 2);
   EXPECT_NEAR(cost.node_ms(g, b.node(full)), forward / 1e12 + 0.005, 1e-12);
+
+  // Measured attention rates replace the matmul peak, forward and backward
+  // apart; a 32-bit attention keeps the fp32 matmul peak.
+  DeviceProfile calibrated = fast_memory;
+  calibrated.attention_tflops_bf16 = 0.25;
+  calibrated.attention_backward_tflops_bf16 = 0.2;
+  CostModel measured(calibrated);
+  EXPECT_NEAR(measured.node_ms(g, b.node(causal)), forward / 2 / 0.25e9 + 0.005, 1e-9);
+  EXPECT_NEAR(measured.node_ms(g, b.node(backward)), 2.5 * forward / 2 / 0.2e9 + 0.005, 1e-9);
 }
 
 TEST(CostModel, PointwiseIsMemoryBoundOnInputAndOutputBytes) {

@@ -225,6 +225,14 @@ DeviceProfile parse_device_profile(std::string_view json_text) {
           profile.allocation_granularity = positive_int(value, key);
           break;
         }
+        if (key == "attention_tflops_bf16") {
+          profile.attention_tflops_bf16 = positive_number(value, key);
+          break;
+        }
+        if (key == "attention_backward_tflops_bf16") {
+          profile.attention_backward_tflops_bf16 = positive_number(value, key);
+          break;
+        }
         fail(key, " is not a field of a device profile");
     }
   }
@@ -254,6 +262,12 @@ std::string write_device_profile(const DeviceProfile& profile) {
   out["memory_bytes"] = profile.memory_bytes;
   out["matmul_tflops_bf16"] = profile.matmul_tflops_bf16;
   out["matmul_tflops_fp32"] = profile.matmul_tflops_fp32;
+  if (profile.attention_tflops_bf16 > 0) {
+    out["attention_tflops_bf16"] = profile.attention_tflops_bf16;
+  }
+  if (profile.attention_backward_tflops_bf16 > 0) {
+    out["attention_backward_tflops_bf16"] = profile.attention_backward_tflops_bf16;
+  }
   out["memory_gbs"] = profile.memory_gbs;
   out["launch_us"] = profile.launch_us;
   out["allocation_granularity"] = profile.allocation_granularity;

@@ -52,6 +52,8 @@ TEST(DeviceProfile, H200ShipsTheCalibratedProfile) {
   EXPECT_NE(h200.source.find("spillway.calibrate on 2026-12-01"), std::string::npos);
   EXPECT_DOUBLE_EQ(h200.matmul_tflops_bf16, 691.3);
   EXPECT_DOUBLE_EQ(h200.matmul_tflops_fp32, 50.99);
+  EXPECT_DOUBLE_EQ(h200.attention_tflops_bf16, 331.5);
+  EXPECT_DOUBLE_EQ(h200.attention_backward_tflops_bf16, 294.6);
   EXPECT_DOUBLE_EQ(h200.memory_gbs, 4224.9);
   EXPECT_DOUBLE_EQ(h200.launch_us, 1.796);
   EXPECT_EQ(h200.allocation_granularity, 512);
@@ -71,6 +73,22 @@ TEST(DeviceProfile, WriteThenParseGivesTheSameProfile) {
   custom.allocation_granularity = 4096;
   custom.d2h.points = {{1, 0.5}, {3, 1.0 / 3}};
   EXPECT_EQ(parse_device_profile(write_device_profile(custom)), custom);
+  custom.attention_tflops_bf16 = 180.5;
+  custom.attention_backward_tflops_bf16 = 140.25;
+  EXPECT_EQ(parse_device_profile(write_device_profile(custom)), custom);
+}
+
+TEST(DeviceProfile, AttentionRatesAreOptionalAndPositive) {
+  DeviceProfile without = h200_profile();
+  without.attention_tflops_bf16 = 0;
+  without.attention_backward_tflops_bf16 = 0;
+  const std::string text = write_device_profile(without);
+  EXPECT_EQ(text.find("\"attention_tflops_bf16\""), std::string::npos);
+  EXPECT_EQ(text.find("\"attention_backward_tflops_bf16\""), std::string::npos);
+  EXPECT_EQ(parse_device_profile(text).attention_tflops_bf16, 0);
+  std::string negative = text;
+  negative.insert(negative.find("\"memory_gbs\""), "\"attention_tflops_bf16\": -3,\n  ");
+  EXPECT_NE(parse_error(negative).find("field 'attention_tflops_bf16'"), std::string::npos);
 }
 
 TEST(DeviceProfile, ParseErrorsNameTheField) {

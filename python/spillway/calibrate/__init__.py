@@ -7,7 +7,10 @@
 
 The profile (include/spillway/sim.h DeviceProfile; src/sim/profiles/ holds the
 shipped one) is JSON: format "spillway.device_profile", version 1, name,
-source, memory_bytes, matmul_tflops_bf16, matmul_tflops_fp32, memory_gbs
+source, memory_bytes, matmul_tflops_bf16, matmul_tflops_fp32,
+attention_tflops_bf16 and attention_backward_tflops_bf16 (bf16
+scaled_dot_product_attention with an additive causal mask, as Hugging Face
+models call it, in the cost model's FLOPs), memory_gbs
 (read + write bytes per second of device memory), launch_us (per-kernel
 floor), allocation_granularity (the caching allocator's 512 B rounding: not
 measured), and four link curves d2h, h2d, d2h_duplex, h2d_duplex, each a list
@@ -42,7 +45,8 @@ ALLOCATION_GRANULARITY = 512  # PyTorch's caching allocator rounds every block t
 
 # Field order of the C++ writer (write_device_profile).
 _FIELDS = ("format", "version", "name", "source", "memory_bytes", "matmul_tflops_bf16",
-           "matmul_tflops_fp32", "memory_gbs", "launch_us", "allocation_granularity", *CURVES)
+           "matmul_tflops_fp32", "attention_tflops_bf16", "attention_backward_tflops_bf16",
+           "memory_gbs", "launch_us", "allocation_granularity", *CURVES)
 
 
 def calibrate(device: int | str | None = None, *, quick: bool = False,
@@ -101,6 +105,11 @@ def calibrate(device: int | str | None = None, *, quick: bool = False,
         bf16 = _measure.matmul_tflops(dev, torch.bfloat16, n, 10 if quick else 20, repeats)
         fp32 = _measure.matmul_tflops(dev, torch.float32, n, 3 if quick else 5, min(repeats, 5))
         say(f"matmul {n}^3: bf16 {bf16:.1f} TFLOPS, fp32 (TF32 off) {fp32:.1f} TFLOPS")
+        attention_shape = (2, 16, 2048, 128) if quick else (4, 16, 4096, 128)
+        attention, attention_backward = _measure.attention_tflops(
+            dev, attention_shape, 5 if quick else 10, repeats)
+        say(f"attention {attention_shape}, bf16 with a causal mask: forward {attention:.1f} TFLOPS, "
+            f"backward {attention_backward:.1f} TFLOPS")
         copy_bytes = (256 if quick else 1024) * MIB
         memory = _measure.memory_gbs(dev, copy_bytes, 10, repeats)
         say(f"device copy of {_size(copy_bytes)}: {memory:.0f} GB/s (read + write)")
@@ -118,7 +127,11 @@ def calibrate(device: int | str | None = None, *, quick: bool = False,
         "on dedicated streams, queued while a spin kernel holds the streams and timed with "
         f"CUDA events as a batch of back-to-back copies (>= {16 if quick else 64} MiB or 256 "
         f"copies), median of {repeats}; duplex: one direction's rate while the other streams "
-        f"at least 4x its bytes. Matmul: {n}^3 torch.mm, fp32 with TF32 off. memory_gbs: "
+        f"at least 4x its bytes. Matmul: {n}^3 torch.mm, fp32 with TF32 off. Attention: "
+        f"bf16 scaled_dot_product_attention on q, k, v of shape {attention_shape} "
+        "(transposed from batch, seq, heads, dim) with an additive causal mask of "
+        "(batch, 1, seq, seq), torch's default kernel; backward = forward-and-backward minus "
+        "forward. memory_gbs: "
         f"(read + write) bytes of a {_size(copy_bytes)} device-to-device copy. launch_us: GPU "
         f"time per tiny kernel queued back to back (issuing one from Python costs "
         f"{dispatch_us:.1f} us on this host, not included). allocation_granularity: the "
@@ -131,6 +144,8 @@ def calibrate(device: int | str | None = None, *, quick: bool = False,
         "memory_bytes": int(properties.total_memory),
         "matmul_tflops_bf16": round(bf16, 1),
         "matmul_tflops_fp32": round(fp32, 2),
+        "attention_tflops_bf16": round(attention, 1),
+        "attention_backward_tflops_bf16": round(attention_backward, 1),
         "memory_gbs": round(memory, 1),
         "launch_us": round(launch_us, 3),
         "allocation_granularity": ALLOCATION_GRANULARITY,
@@ -159,8 +174,9 @@ def check_profile(profile: dict[str, Any]) -> None:
     for key in profile:
         if key not in _FIELDS:
             fail(key, " is not a field of a device profile")
+    optional = ("allocation_granularity", "attention_tflops_bf16", "attention_backward_tflops_bf16")
     for key in _FIELDS:
-        if key not in profile and key != "allocation_granularity":
+        if key not in profile and key not in optional:
             fail(key, " is missing")
 
     def number(value, field, allow_zero=False, integer=False):
@@ -177,6 +193,9 @@ def check_profile(profile: dict[str, Any]) -> None:
     for key in ("matmul_tflops_bf16", "matmul_tflops_fp32", "memory_gbs"):
         number(profile[key], key)
     number(profile["launch_us"], "launch_us", allow_zero=True)
+    for key in ("attention_tflops_bf16", "attention_backward_tflops_bf16"):
+        if key in profile:
+            number(profile[key], key)
     if "allocation_granularity" in profile:
         number(profile["allocation_granularity"], "allocation_granularity", integer=True)
     for curve in CURVES:

@@ -174,6 +174,60 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, iterations: 
         torch.set_float32_matmul_precision(previous)
 
 
+def attention_tflops(device: torch.device, shape: tuple[int, int, int, int], iterations: int,
+                     repeats: int) -> tuple[float, float]:
+    """(forward, backward) TFLOPS of bf16 scaled_dot_product_attention as Hugging Face
+    models call it: q, k, v of `shape` (batch, heads, seq, head_dim) transposed from
+    (batch, seq, heads, head_dim), an additive bf16 causal mask of (batch, 1, seq, seq)
+    and no is_causal, torch's default kernel. In the FLOPs the cost model counts for
+    such a node (src/sim/cost_model.cc attention_work): 4 * batch * heads * seq^2 *
+    head_dim forward, 2.5x that backward. The backward's time is a forward-and-
+    backward's minus a forward's; medians over repeats of `iterations` back-to-back
+    calls after a warm-up."""
+    import torch.nn.functional as F
+
+    batch, heads, seq, dim = shape
+    generator = torch.Generator(device=device).manual_seed(0)
+    leaves = [torch.randn(batch, seq, heads, dim, device=device, dtype=torch.bfloat16,
+                          generator=generator).requires_grad_() for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    grad = torch.randn(batch, heads, seq, dim, device=device, dtype=torch.bfloat16,
+                       generator=generator)
+    future = torch.ones(seq, seq, device=device, dtype=torch.bool).triu(1)
+    mask = torch.zeros(batch, 1, seq, seq, device=device, dtype=torch.bfloat16)
+    mask.masked_fill_(future, torch.finfo(torch.bfloat16).min)
+
+    def forward():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def forward_backward():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.autograd.backward(out, grad, inputs=leaves)
+
+    def timed(fn) -> float:
+        for _ in range(2):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            start, end = _event(), _event()
+            start.record()
+            for _ in range(iterations):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / iterations)
+        return statistics.median(samples)
+
+    forward_ms = timed(forward)
+    backward_ms = timed(forward_backward) - forward_ms
+    del q, k, v, leaves, grad, mask
+    if backward_ms <= 0:
+        raise CalibrationError(f"[calibrate] attention backward timed at {backward_ms:.3f} ms")
+    flops = 4.0 * batch * heads * seq * seq * dim
+    return flops / (forward_ms * 1e-3) / 1e12, 2.5 * flops / (backward_ms * 1e-3) / 1e12
+
+
 def memory_gbs(device: torch.device, nbytes: int, iterations: int, repeats: int) -> float:
     """Device memory bandwidth in GB/s from a device-to-device copy of nbytes: bytes read
     plus bytes written per second (the roofline's convention: a node moves what it reads
