@@ -287,14 +287,15 @@ void BudgetProblem::release_choices(const analysis::Regions& forward, std::size_
 void BudgetProblem::build_model() {
   const std::size_t n = graph_.nodes.size();
   const SimResult& timeline = baseline_;
+  // Fused nodes take a share of their time (execution model (9)): in
+  // torch.compile mode each node's compute time as the baseline simulation
+  // charged it.
+  const bool fused = options_.partitioner_recomputes_pointwise;
   std::vector<double> node_ms(n, 0.0);
-  for (std::size_t p = 0; p < n; ++p) node_ms[p] = cost_.node_ms(graph_, graph_.nodes[p]);
-  if (options_.partitioner_recomputes_pointwise) {
-    // Fused nodes take a share of their time (execution model (9)): each
-    // node's compute time as the baseline simulation charged it.
-    for (std::size_t p = 0; p < n && p < timeline.timeline.size(); ++p) {
-      node_ms[p] = timeline.timeline[p].end_ms - timeline.timeline[p].start_ms;
-    }
+  for (std::size_t p = 0; p < n; ++p) {
+    node_ms[p] = fused && p < timeline.timeline.size()
+                     ? timeline.timeline[p].end_ms - timeline.timeline[p].start_ms
+                     : cost_.node_ms(graph_, graph_.nodes[p]);
   }
   std::vector<std::int64_t> live(n, 0);
   for (std::size_t p = 0; p < n && p < timeline.timeline.size(); ++p) {

@@ -339,8 +339,7 @@ class _Session:
                 record, self.pending_forward = self.pending_forward, None
                 if record is not None:
                     record.forward_ops = counts
-                    record.forward_outputs = _output_names(graph)
-                    record.forward_output_bytes = _output_bytes(graph)
+                    record.forward_outputs, record.forward_output_bytes = _outputs(graph)
                     record.forward_replays = replays
                     if record.budget is not None:
                         record.departures = _departures(record.budget, record.forward_outputs)
@@ -380,26 +379,20 @@ def _custom_graph_pass(fn: Callable[[torch.fx.Graph], None]) -> Any:
     return _Pass()
 
 
-def _output_names(graph: torch.fx.Graph) -> list[str]:
+def _outputs(graph: torch.fx.Graph) -> tuple[list[str], list[int]]:
+    """Names of the graph's outputs and each one's storage bytes (0 where its
+    node carries no tensor metadata)."""
     (output,) = graph.find_nodes(op="output")
     names: list[str] = []
-    torch.fx.node.map_arg(output.args, lambda n: names.append(n.name))
-    return names
-
-
-def _output_bytes(graph: torch.fx.Graph) -> list[int]:
-    (output,) = graph.find_nodes(op="output")
     sizes: list[int] = []
 
-    def size(node: torch.fx.Node) -> None:
+    def visit(node: torch.fx.Node) -> None:
+        names.append(node.name)
         value = node.meta.get("val")
-        if isinstance(value, torch.Tensor):
-            sizes.append(value.untyped_storage().nbytes())
-        else:
-            sizes.append(0)
+        sizes.append(value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0)
 
-    torch.fx.node.map_arg(output.args, size)
-    return sizes
+    torch.fx.node.map_arg(output.args, visit)
+    return names, sizes
 
 
 def _is_backward_graph(graph: torch.fx.Graph) -> bool:
