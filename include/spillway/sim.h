@@ -41,8 +41,11 @@
 //       (before the producing node runs, as torch allocates an output before
 //       the kernel writes it) and freed after the last node that produces or
 //       reads any value in it (a node that reads a tuple/list reads every
-//       element); a storage that the graph's output node reads lives to the
-//       end of the step. Storages of placeholders and get_attr nodes
+//       element; a wait_tensor's last_use argument only orders the graph and
+//       is not a read, as the runtime's wait holds nothing of it: the wait may
+//       sit regions after the last use, ActivationPlanOptions::release_lag);
+//       a storage that the graph's output node reads lives to the end of the
+//       step. Storages of placeholders and get_attr nodes
 //       (weights, buffers, inputs, tangents: the caller owns them) are
 //       allocated before the step starts and live through it. Each allocation
 //       is rounded as the caching allocator rounds it (round_allocation).

@@ -191,6 +191,9 @@ Role role_of(const Node& node) {
   return Role::kCompute;
 }
 
+// wait_tensor(t, keepalive, last_use): the position of last_use.
+constexpr std::size_t kWaitLastUseArg = 2;
+
 // The node id of args[0] when it is a node reference, else -1.
 NodeId first_arg_node(const Node& node) {
   if (node.args.empty() || node.args[0].kind != Arg::Kind::kNode) return -1;
@@ -299,6 +302,27 @@ class Simulation {
     return static_cast<std::int32_t>(at);
   }
 
+  // Calls fn(position) for every input the node reads. A wait's last_use
+  // argument orders the graph and is checked like any input, but is not a
+  // read (execution model (6)): the wait the runtime runs does not hold it
+  // (Note [Forward wait without last_use] in
+  // python/spillway/activations/_compiled_apply.py).
+  template <typename Fn>
+  void for_each_read(const Node& node, Role role, std::int32_t pos, Fn&& fn) const {
+    if (role != Role::kWait) {
+      node.for_each_input([&](NodeId id) { fn(position_of_input(node, id, pos)); });
+      return;
+    }
+    node.for_each_input([&](NodeId id) { position_of_input(node, id, pos); });
+    const auto read = [&](const Arg& arg) {
+      if (arg.kind == Arg::Kind::kNode) fn(position_of_input(node, arg.node, pos));
+    };
+    for (std::size_t i = 0; i < node.args.size() && i < kWaitLastUseArg; ++i) read(node.args[i]);
+    for (const auto& [name, arg] : node.kwargs) {
+      if (name != "last_use") read(arg);
+    }
+  }
+
   void lay_out() {
     role_.resize(n_);
     duration_.assign(n_, 0.0);
@@ -326,8 +350,7 @@ class Simulation {
       const OpSchema* schema = schemas_.of(node);
       if (fusion) inputs_.clear();
 
-      node.for_each_input([&](NodeId id) {
-        const std::int32_t from = position_of_input(node, id, pos);
+      for_each_read(node, role, pos, [&](std::int32_t from) {
         const auto from_at = static_cast<std::size_t>(from);
         if (fusion && std::find(inputs_.begin(), inputs_.end(), from) == inputs_.end()) {
           inputs_.push_back(from);

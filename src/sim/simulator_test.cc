@@ -236,6 +236,27 @@ TEST(Simulate, DeviceBytesDropAtTheForwardWaitAndReturnAtTheReload) {
   EXPECT_EQ(wait.by_category[kAct], 0);
 }
 
+TEST(Simulate, AForwardWaitsLastUseOrdersTheGraphButKeepsNothingAlive) {
+  // The wait sits after `next` (a release lag), past the last reader of
+  // `last`, the value's last forward use that it names: the runtime's wait
+  // holds nothing of it, so `last` goes after `next` as if no wait named it.
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto a = b.call("aten.relu.default", {x}, mib_tensor(8));
+  TensorInfo host = mib_tensor(8);
+  host.device = "cpu";
+  auto offload = b.call(std::string(kOffloadTarget), {a}, host);
+  auto last = b.call("aten.relu.default", {a}, mib_tensor(2));
+  auto next = b.call("aten.relu.default", {last}, mib_tensor(1));
+  auto wait = b.call(std::string(kWaitTarget), {offload, a, last}, b.share(offload, host));
+  auto tail = b.call("aten.relu.default", {next}, mib_tensor(1));
+  b.output({tail});
+  SimResult r = simulate(b.build(), CostModel(flat_profile()));
+  EXPECT_EQ(point_of(r, next).live_bytes, (1 + 8 + 2 + 1) * kMiB);
+  EXPECT_EQ(point_of(r, wait).live_bytes, (1 + 8 + 1) * kMiB);  // a until its wait; last gone
+  EXPECT_EQ(point_of(r, tail).live_bytes, (1 + 1 + 1) * kMiB);
+}
+
 TEST(Simulate, DuplexSlowsACopyThatOverlapsTheOtherDirection) {
   // a's H2D is issued right after its forward wait; b's D2H starts 0.5 ms later
   // and overlaps it.
