@@ -282,7 +282,10 @@ PlanResult plan_activation_offload(const Graph& graph, const ActivationPlanOptio
 std::vector<std::string> scope_names(const Graph& graph);
 
 // Apply edits to a graph (insertions at anchors, then redirects), returning the
-// rewritten graph. The schemas of inserted spillway.* nodes are recorded in
+// rewritten graph. A redirected reader whose value shares the storage of the
+// node it read (a view) takes the storage of the node it now reads, and so do
+// the views of such a reader after it (Note [Aliases follow a redirect] in
+// src/plan/apply_edits.cc). The schemas of inserted spillway.* nodes are recorded in
 // Graph::ops, and that of aten.permute.default when the graph lacks one.
 // Throws InvalidArgument when an edit names a node the graph lacks or reuses
 // an existing id. The input is never modified.

@@ -3,8 +3,20 @@
 // Insertions are applied in order with NodeSequence's placement rules, then
 // redirects in order. Everything is validated before anything is built, so a
 // bad edit list leaves nothing half-done (the input is never modified anyway).
+//
+// Note [Aliases follow a redirect]: a redirected reader may be a view of the
+// value it read (a backward transpose of a forward activation that the plan
+// moves); once it reads the reload (or a view replayed on it), the runtime's
+// view lives in the reload's storage. So a reader whose value shares the
+// storage of `from` takes the storage of `to`, and so, in graph order, does
+// every alias of such a reader; otherwise the simulator would keep the
+// offloaded storage alive until the view's last reader.
 
+#include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "plan/dense_layout.h"
 #include "plan/id_map.h"
@@ -27,6 +39,47 @@ void redirect_arg(Arg& arg, NodeId from, NodeId to) {
 
 bool is_spillway_target(std::string_view target) {
   return target == kOffloadTarget || target == kReloadTarget || target == kWaitTarget;
+}
+
+// A storage id that a node's value moves from, and the one it moves to.
+using StorageMove = std::pair<std::int64_t, std::int64_t>;
+
+// Applies `moves` to the tensors of `value`; returns the moves that applied.
+std::vector<StorageMove> move_storages(Value& value, const std::vector<StorageMove>& moves) {
+  std::vector<StorageMove> applied;
+  if (value.is_tensor()) {
+    for (const StorageMove& move : moves) {
+      if (value.tensor.storage == move.first) {
+        value.tensor.storage = move.second;
+        applied.push_back(move);
+        break;
+      }
+    }
+    return applied;
+  }
+  for (Value& element : value.elements) {
+    for (const StorageMove& move : move_storages(element, moves)) applied.push_back(move);
+  }
+  return applied;
+}
+
+// Note [Aliases follow a redirect]. `redirected` maps each reader to the
+// moves its redirects imply (the storage of `from` to that of `to`).
+void move_aliases(Graph& graph,
+                  const std::unordered_map<NodeId, std::vector<StorageMove>>& redirected) {
+  std::unordered_map<NodeId, std::vector<StorageMove>> moved;  // node -> moves applied to it
+  for (Node& node : graph.nodes) {
+    std::vector<StorageMove> moves;
+    if (auto it = redirected.find(node.id); it != redirected.end()) moves = it->second;
+    node.for_each_input([&](NodeId input) {
+      if (auto it = moved.find(input); it != moved.end()) {
+        moves.insert(moves.end(), it->second.begin(), it->second.end());
+      }
+    });
+    if (moves.empty()) continue;
+    std::vector<StorageMove> applied = move_storages(node.value, moves);
+    if (!applied.empty()) moved.emplace(node.id, std::move(applied));
+  }
 }
 
 }  // namespace
@@ -97,12 +150,20 @@ Graph apply_edits(const Graph& graph, const std::vector<Edit>& edits) {
       out.ops.emplace(node.target, plan::permute_schema());
     }
   }
+  std::unordered_map<NodeId, std::vector<StorageMove>> redirected;
   for (const Edit& edit : edits) {
     if (edit.kind != EditKind::kRedirect) continue;
     Node& reader = out.nodes[static_cast<std::size_t>(position.get(edit.reader))];
     for (Arg& arg : reader.args) redirect_arg(arg, edit.from, edit.to);
     for (auto& kv : reader.kwargs) redirect_arg(kv.second, edit.from, edit.to);
+    const Value& from = out.nodes[static_cast<std::size_t>(position.get(edit.from))].value;
+    const Value& to = out.nodes[static_cast<std::size_t>(position.get(edit.to))].value;
+    if (from.is_tensor() && to.is_tensor() && from.tensor.storage && to.tensor.storage &&
+        *from.tensor.storage != *to.tensor.storage) {
+      redirected[edit.reader].emplace_back(*from.tensor.storage, *to.tensor.storage);
+    }
   }
+  if (!redirected.empty()) move_aliases(out, redirected);
   return out;
 }
 

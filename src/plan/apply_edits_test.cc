@@ -1,6 +1,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <optional>
+#include <vector>
+
 #include "plan/plan_test_util.h"
 #include "spillway/error.h"
 
@@ -53,6 +57,50 @@ TEST(ApplyEditsTest, RedirectsReplaceEveryReferenceIncludingInLists) {
   redirect.to = a.x.id;
   Graph out = apply_edits(g, {redirect});
   EXPECT_EQ(out.nodes[5].args[0], spillway::testing::list({a.relu, a.x}));
+}
+
+std::optional<std::int64_t> storage_of(const Graph& g, NodeRef node) {
+  return node_with_id(g, node.id).value.tensor.storage;
+}
+
+// Note [Aliases follow a redirect].
+TEST(ApplyEditsTest, ViewsOfARedirectedReaderTakeTheNewStorage) {
+  GraphBuilder b;
+  auto x = b.input("x", two_mib());
+  auto q = b.named("q").call("aten.relu.default", {x}, two_mib());
+  b.backward();
+  auto qt = b.named("qt").view("aten.t.default", q, GraphBuilder::tensor({1024, 1024}, {1, 1024}));
+  auto flat = b.named("flat").view("aten.view.default", qt, GraphBuilder::tensor({1 << 20}));
+  auto other = b.named("other").view("aten.view.default", q, GraphBuilder::tensor({1 << 20}));
+  auto neg = b.named("neg").call("aten.neg.default", {q}, two_mib());
+  auto grad = b.named("grad").call("aten.add.Tensor", {flat, other, neg}, two_mib());
+  b.output({grad});
+  Graph g = b.build();
+  // A backward node on a storage of its own stands in for the reload.
+  Edit reload = insertion(100, "reload", qt.id, Placement::kBefore, "aten.clone.default");
+  reload.node.phase = Phase::kBackward;
+  reload.node.args = {Arg::of_node(q.id)};
+  reload.node.value = Value::of_tensor(two_mib());
+  reload.node.value.tensor.storage = 1000;
+  std::vector<Edit> edits{reload};
+  for (NodeRef reader : {qt, neg}) {
+    Edit redirect;
+    redirect.kind = EditKind::kRedirect;
+    redirect.reader = reader.id;
+    redirect.from = q.id;
+    redirect.to = reload.node.id;
+    edits.push_back(redirect);
+  }
+  Graph out = apply_edits(g, edits);
+  // The redirected view and its own view now live in the reload's storage.
+  EXPECT_EQ(storage_of(out, qt), 1000);
+  EXPECT_EQ(storage_of(out, flat), 1000);
+  // A view still reading q, q itself, and a redirected reader that is no view
+  // keep theirs.
+  EXPECT_EQ(storage_of(out, other), storage_of(g, q));
+  EXPECT_EQ(storage_of(out, q), storage_of(g, q));
+  EXPECT_EQ(storage_of(out, neg), storage_of(g, neg));
+  EXPECT_EQ(storage_of(out, grad), storage_of(g, grad));
 }
 
 TEST(ApplyEditsTest, SpillwaySchemasAreAdded) {

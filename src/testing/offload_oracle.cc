@@ -170,6 +170,31 @@ std::vector<std::pair<std::string, NodeId>> read_slots(const Node& node) {
   return out;
 }
 
+// Whether `after` is `before` but for tensors that moved to a storage in
+// `read` (Note [Aliases follow a redirect] in src/plan/apply_edits.cc: a
+// redirected view lives in the storage of what it now reads).
+bool same_but_moved(const Value& before, const Value& after, const std::set<std::int64_t>& read) {
+  if (!before.is_tensor()) {
+    if (before.elements.size() != after.elements.size()) return false;
+    Value shallow_before = before;
+    Value shallow_after = after;
+    shallow_before.elements.clear();
+    shallow_after.elements.clear();
+    if (!(shallow_before == shallow_after)) return false;
+    for (std::size_t i = 0; i < before.elements.size(); ++i) {
+      if (!same_but_moved(before.elements[i], after.elements[i], read)) return false;
+    }
+    return true;
+  }
+  if (!after.is_tensor()) return false;
+  TensorInfo moved_back = after.tensor;
+  if (moved_back.storage != before.tensor.storage) {
+    if (!moved_back.storage || !read.count(*moved_back.storage)) return false;
+    moved_back.storage = before.tensor.storage;
+  }
+  return moved_back == before.tensor;
+}
+
 }  // namespace
 
 bool in_scope(const Node& node, const std::string& scope) {
@@ -257,7 +282,8 @@ std::vector<std::string> check_offload_plan(const Graph& original,
   const Index original_index = index_of(original);
   const Index rewritten_index = index_of(rewritten);
 
-  // Original nodes survive unchanged but for redirected inputs, in their order.
+  // Original nodes survive unchanged but for redirected inputs (and the
+  // storage of a view that follows them), in their order.
   std::size_t previous_position = 0;
   bool first = true;
   for (const Node& node : original.nodes) {
@@ -267,8 +293,15 @@ std::vector<std::string> check_offload_plan(const Graph& original,
       continue;
     }
     const Node& copy = rewritten.nodes[it->second];
+    std::set<std::int64_t> read;  // the storages the copy reads
+    for (NodeId id : inputs_of(copy)) {
+      auto input = rewritten_index.find(id);
+      if (input == rewritten_index.end()) continue;
+      const Value& value = rewritten.nodes[input->second].value;
+      if (value.is_tensor() && value.tensor.storage) read.insert(*value.tensor.storage);
+    }
     if (copy.name != node.name || copy.kind != node.kind || copy.target != node.target ||
-        copy.phase != node.phase || !(copy.value == node.value) ||
+        copy.phase != node.phase || !same_but_moved(node.value, copy.value, read) ||
         copy.module_stack != node.module_stack) {
       fail("original node " + node.name + " changed more than its inputs");
     }
