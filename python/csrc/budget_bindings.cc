@@ -37,6 +37,7 @@ struct Knobs {
   bool partitioner = false;
   double budget_fraction = 0;
   bool release_when_copied = false;
+  bool timeline = false;
 };
 
 BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
@@ -60,11 +61,21 @@ CostModel cost_of(const Knobs& knobs) {
 }
 
 // budget_report's object (choices, forecast, baseline, blocks), plus the
-// recomputed nodes, the edits and the pictures the Python side asks for.
+// recomputed nodes, the edits, the timeline and the pictures the Python side
+// asks for.
 json plan_json(const BudgetPlan& plan, const Knobs& knobs, bool with_edits) {
   json out = cli::budget_plan_json(plan, true);
   out["recomputed_nodes"] = plan.recomputed_nodes;
   if (with_edits) out["edit_list"] = edit_list(plan.graph, plan.edits);
+  if (knobs.timeline) {
+    // The simulation's points are in graph order, one per node.
+    json points = json::array();
+    for (std::size_t i = 0; i < plan.simulation.timeline.size(); ++i) {
+      points.push_back({{"name", plan.graph.nodes[i].name},
+                        {"live_bytes", plan.simulation.timeline[i].live_bytes}});
+    }
+    out["timeline"] = std::move(points);
+  }
   if (knobs.trace) out["chrome_trace"] = chrome_trace(plan.graph, plan.simulation);
   if (!knobs.svg_title.empty()) {
     out["memory_svg"] = memory_svg(plan.graph, plan.simulation, knobs.svg_title);
@@ -106,11 +117,12 @@ void init_budget(py::module_& m) {
          bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
          std::int64_t min_bytes, const std::string& profile, bool trace,
          const std::string& svg_title, bool partitioner, double budget_fraction,
-         bool release_when_copied) {
+         bool release_when_copied, bool timeline) {
         Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
                     min_bytes, profile,       trace,           svg_title,        partitioner};
         knobs.budget_fraction = budget_fraction;
         knobs.release_when_copied = release_when_copied;
+        knobs.timeline = timeline;
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
@@ -120,6 +132,7 @@ void init_budget(py::module_& m) {
       },
       py::arg("graph_json"), py::arg("budget_bytes"), py::kw_only(), SPILLWAY_BUDGET_KNOB_ARGS,
       py::arg("budget_fraction") = 0.0, py::arg("release_when_copied") = false,
+      py::arg("timeline") = false,
       "Plans keep / offload / recompute for every saved activation of a joint graph (Spillway "
       "graph JSON) so that the simulated peak fits budget_bytes, the fastest such plan "
       "(include/spillway/budget.h). Returns JSON text: budget_bytes, choices (node, name, block, "
@@ -132,7 +145,9 @@ void init_budget(py::module_& m) {
       "partitioner: BudgetOptions::partitioner_recomputes_pointwise (torch.compile). "
       "budget_fraction in (0, 1]: the budget is that fraction of the baseline's peak and "
       "budget_bytes is ignored. release_when_copied: BudgetOptions::release_when_copied (the "
-      "eager store's per-block release). Raises "
+      "eager store's per-block release). timeline: also the simulated device bytes live at "
+      "each node of the planned graph, in graph order (timeline: name, live_bytes; execution "
+      "model (7) of include/spillway/sim.h). Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");
   m.def(
