@@ -16,13 +16,14 @@ constexpr std::array<std::string_view, 4> kPointwiseByName = {
 
 // Overloads whose Inductor lowering is a loop body fused with its pointwise
 // neighbours (Note [What Inductor fuses] has the kernels that show it).
-constexpr std::array<std::string_view, 20> kFusedReductionsAndLayout = {
+constexpr std::array<std::string_view, 21> kFusedReductionsAndLayout = {
     "aten._log_softmax.default",
     "aten._log_softmax_backward_data.default",
     "aten._softmax.default",
     "aten._softmax_backward_data.default",
     "aten.nll_loss_forward.default",
     "aten.nll_loss_backward.default",
+    "aten.gather.default",
     "aten.sum.default",
     "aten.sum.dim_IntList",
     "aten.mean.default",

@@ -20,6 +20,12 @@
 //     expand_nll_loss_backward_nll_loss_forward_scalar_tensor_view_0 writes
 //     only the bf16 gradient of the logits (read by the two mm). No [N, V]
 //     fp32 buffer exists in either graph.
+//   * the same loss decomposed (amax, sub, exp, sum, log, sub, gather, as
+//     the joint graph of a bf16 Llama with a 32000 vocabulary has it):
+//     cpp_fused__log_softmax__to_copy__unsafe_view_clone_constant_pad_nd_
+//     nll_loss_forward_slice_view_7 reads the bf16 logits and writes amax,
+//     log and the loss; the gather of the fp32 log-softmax [N, V] by label
+//     runs inside it, and the forward saves no [N, V] buffer (2026-12-01).
 //   * RMSNorm: cpp_fused__to_copy_add_mean_mul_pow_rsqrt_0 writes rsqrt
 //     (saved) and the bf16 output (read by mm); backward's
 //     cpp_fused__to_copy_add_div_expand_mul_pow_sum_view_4 fuses the sums.
@@ -56,7 +62,7 @@ bool is_inductor_pointwise(const Node& node, const OpSchema* schema);
 // Computed inside a fused kernel by Inductor: is_inductor_pointwise, or one of
 // the reductions and layout ops Inductor lowers to loop bodies and fuses with
 // them (Note [What Inductor fuses]): _log_softmax, _softmax and their
-// _backward_data, nll_loss_forward, nll_loss_backward, sum, mean, amax, cat,
+// _backward_data, nll_loss_forward, nll_loss_backward, gather, sum, mean, amax, cat,
 // slice_backward, constant_pad_nd, embedding, and the constant producers
 // arange and scalar_tensor. Such a node reads its inputs inside the kernel
 // of its producer or reader and need not materialise its output.

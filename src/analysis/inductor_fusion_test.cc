@@ -49,7 +49,8 @@ TEST(InductorFusion, SoftmaxLossAndNormReductionsAreFusedButNotPointwise) {
   for (const char* target :
        {"aten._log_softmax.default", "aten._log_softmax_backward_data.default",
         "aten._softmax.default", "aten._softmax_backward_data.default",
-        "aten.nll_loss_forward.default", "aten.nll_loss_backward.default", "aten.sum.dim_IntList",
+        "aten.nll_loss_forward.default", "aten.nll_loss_backward.default", "aten.gather.default",
+        "aten.sum.dim_IntList",
         "aten.mean.dim", "aten.cat.default", "aten.slice_backward.default"}) {
     const Node& n = ops.node(target);
     EXPECT_FALSE(is_inductor_pointwise(n, ops.schema(n))) << target;
