@@ -10,6 +10,7 @@
 #include "plan/budget_search.h"
 #include "spillway/budget.h"
 #include "spillway/error.h"
+#include "testing/graph_builder.h"
 
 namespace spillway {
 namespace {
@@ -157,6 +158,57 @@ TEST_F(LlamaTiny, ReleaseWhenCopiedChoosesALaterBlockForASlowCopy) {
   }
   EXPECT_GT(offloaded, 0);
   EXPECT_GT(later, 0);
+}
+
+// ---- partitioner_recomputes_pointwise ---------------------------------------
+
+using testing::GraphBuilder;
+
+const BudgetChoice& choice_named(const BudgetPlan& plan, const std::string& name) {
+  for (const BudgetChoice& choice : plan.choices) {
+    if (choice.name == name) return choice;
+  }
+  ADD_FAILURE() << "no choice for " << name;
+  return plan.choices.front();
+}
+
+// Note [Materialised in backward] (budget_problem.cc): m = mm(x, w) is saved;
+// silu = m * m is read by a backward matmul through a view (the weight
+// gradient), scale = m * x only by a backward multiply Inductor fuses.
+TEST(PartitionerMode, AValueABackwardMatmulReadsIsSavedAndMayBeOffloaded) {
+  GraphBuilder b("mlp");
+  OpSchema mul = testing::pure_schema("aten", {"self", "other"});
+  mul.is_pointwise = true;
+  b.op("aten.mul.Tensor", mul);
+  const TensorInfo t = GraphBuilder::tensor({1024, 1024});
+  auto x = b.input("x", t);
+  auto w = b.input("w", t);
+  b.within("model.layers.0.mlp");
+  auto m = b.named("m").call("aten.mm.default", {x, w}, t);
+  auto silu = b.named("silu").call("aten.mul.Tensor", {m, m}, t);
+  auto scale = b.named("scale").call("aten.mul.Tensor", {m, x}, t);
+  auto y = b.named("y").call("aten.mm.default", {silu, scale}, t);
+  b.backward();
+  auto silu_t = b.view("aten.t.default", silu, t);
+  auto grad_w = b.named("grad_w").call("aten.mm.default", {silu_t, w}, t);
+  auto grad_scale = b.named("grad_scale").call("aten.mul.Tensor", {scale, grad_w}, t);
+  auto grad_m = b.named("grad_m").call("aten.mul.Tensor", {m, grad_scale}, t);
+  b.module({});
+  b.output({y, grad_w, grad_m});
+  const Graph graph = b.build();
+
+  BudgetOptions options = with_budget(std::int64_t{1} << 40);
+  options.partitioner_recomputes_pointwise = true;
+  options.min_bytes = 0;
+  const BudgetPlan plan = plan_memory_budget(graph, options, CostModel(h200_profile()));
+  const BudgetChoice& saved = choice_named(plan, "silu");
+  EXPECT_FALSE(saved.by_partitioner);
+  EXPECT_EQ(saved.decision, Decision::kKeep);
+  EXPECT_TRUE(saved.can_offload);
+  const BudgetChoice& free = choice_named(plan, "scale");
+  EXPECT_TRUE(free.by_partitioner);
+  EXPECT_EQ(free.decision, Decision::kRecompute);
+  EXPECT_FALSE(free.can_offload);
 }
 
 // The default search against the exact optimum, on one block's candidates of

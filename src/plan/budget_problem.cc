@@ -19,6 +19,32 @@ bool fusible(const Graph& graph, const Node& node) {
   return analysis::is_inductor_pointwise(node, graph.schema_of(node));
 }
 
+// Note [Materialised in backward]
+// torch's partitioner never recomputes a value that a backward node outside
+// Inductor's fused kernels reads, through any view of it
+// (should_ban_recomputation, "materialized in backward",
+// torch/_functorch/partitioners.py): recomputing it would cost a buffer and a
+// kernel of its own. SiLU(gate) * up and the normalised inputs of the
+// projections, read by the weight-gradient matmuls through views, are saved
+// as they are. Such a value lands in memory in bf16 in any case, so it may
+// be offloaded too (the fusible() ban below is about values Inductor never
+// writes out).
+bool materialised_in_backward(const analysis::GraphIndex& index,
+                              const analysis::StorageGroups& groups, const Node& node) {
+  const std::optional<std::int64_t> storage = analysis::storage_of(node);
+  const analysis::StorageGroup* group = storage ? groups.find(*storage) : nullptr;
+  if (group == nullptr) return false;
+  for (NodeId member : group->members) {
+    for (NodeId user : index.users(member)) {
+      const Node& reader = index.node(user);
+      if (reader.phase != Phase::kBackward) continue;
+      if (analysis::storage_of(reader) == storage) continue;  // a view: its readers count
+      if (!analysis::is_inductor_fused(reader, index.schema_of(reader))) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 Forecast forecast_of(const Graph& graph, const SimResult& sim) {
@@ -396,7 +422,8 @@ void BudgetProblem::build_model() {
       }
       c.can_recompute = found;
       if (!found) c.recompute_ms = 0;
-      if (found && options_.partitioner_recomputes_pointwise) {
+      if (found && options_.partitioner_recomputes_pointwise &&
+          !materialised_in_backward(index_, groups_, node)) {
         bool pointwise = true;
         for (const ReplayChoice& choice : probe.replays) {
           pointwise = pointwise && fusible(graph_, index_.node(choice.producer));
@@ -411,8 +438,13 @@ void BudgetProblem::build_model() {
     // and never lands in memory of its own. Offloading it would make it: bytes
     // a fused kernel rebuilds for free, and, in 16-bit, a rounding the fused
     // kernel (which keeps such intermediates in fp32) never does. A bf16 tiny
-    // Llama on the H200 lost bit-exactness that way (2026-12-01).
-    if (options_.partitioner_recomputes_pointwise && fusible(graph_, node)) c.can_offload = false;
+    // Llama on the H200 lost bit-exactness that way (2026-12-01). A value
+    // materialised in backward is written out in its own dtype all the same
+    // (Note [Materialised in backward]).
+    if (options_.partitioner_recomputes_pointwise && fusible(graph_, node) &&
+        !materialised_in_backward(index_, groups_, node)) {
+      c.can_offload = false;
+    }
     if (c.can_offload || c.can_recompute) model.push_back(std::move(c));
   }
   // Drop candidates that can do nothing; reindex the reads.
