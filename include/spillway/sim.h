@@ -80,7 +80,12 @@
 //       (its values, views included, cost no device bytes: Inductor computes
 //       them in registers inside its readers' kernel), so a value read by a
 //       matmul, attention or a copy, saved for backward (read in the other
-//       phase) or returned stays. A fused node's compute time is its time
+//       phase) or returned stays. A fused node whose outputs are not
+//       materialised runs inside the kernels of its readers, through such
+//       nodes, that write a materialised storage: the storages it reads are
+//       freed after the last of them, not after it (the logits the loss's
+//       backward recomputes from stay while the kernel writing their
+//       gradient runs). A fused node's compute time is its time
 //       (time_ms, or the roofline) times the share of its memory traffic
 //       that remains: the bytes of its distinct tensor inputs and of its
 //       outputs that live in materialised storages, over the bytes of all of
@@ -88,6 +93,18 @@
 //       Fused kernels are memory bound and an op's measured time is mostly
 //       its traffic, so a chain fused into one kernel costs about one pass
 //       over the bytes it reads and writes in memory.
+//  (10) Also with SimOptions::inductor_fusion, lifetimes as torch.compile's
+//       compiled autograd function has them: a placeholder of the backward
+//       phase (a tangent) is allocated before its first reader runs and
+//       freed after its last (autograd builds the gradients of the outputs,
+//       zeros for one that gets none, when backward starts, and the compiled
+//       backward drops its arguments as it goes), never if nothing reads it;
+//       and a storage first produced in forward that the output node reads
+//       and a backward node other than the output reads (the logits the
+//       loss's backward needs) is freed after its last reader that is not
+//       the output node (the caller keeps only the loss). A storage the
+//       output node reads and no backward node reads lives to the end of
+//       the step, as in (6).
 //
 // Thread-safety: every function here is pure; a CostModel is immutable after
 // construction and may be shared between threads.
@@ -221,8 +238,9 @@ struct SimOptions {
   // Off, simulate() returns only the totals and the peak: the planners' mode.
   bool record_timeline = true;
   // Simulate as torch.compile runs the graph: Inductor fuses pointwise chains
-  // (execution model (9)). Off, every node's output is allocated and every
-  // node takes its own time, as when the graph runs op by op (eager).
+  // (execution model (9)) and the compiled function's lifetimes (10). Off,
+  // every node's output is allocated and every node takes its own time, as
+  // when the graph runs op by op (eager).
   bool inductor_fusion = false;
 };
 

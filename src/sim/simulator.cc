@@ -96,6 +96,11 @@ struct Slot {
   bool whole_step = false;   // a placeholder's: allocated before the step, never freed
   bool to_end = false;       // read by the output node: never freed
   bool backward_read = false;
+  bool backward_compute_read = false;  // read by a backward node other than the output
+  // inductor_fusion: a tangent, allocated before its first reader (first is
+  // then that reader) and freed after its last (execution model (10)).
+  bool tangent = false;
+  std::int32_t first_read = -1;  // position of the first reader, -1: none
   // inductor_fusion: something other than a fused node or an alias in the
   // first producer's phase produces or reads it; fused: not materialised.
   bool fusion_blocked = false;
@@ -249,7 +254,11 @@ class Simulation {
 
   SimResult run() {
     lay_out();
-    if (options_.inductor_fusion) fold_fusion();
+    if (options_.inductor_fusion) {
+      fold_fusion();
+      read_when_kernels_run();
+      follow_compiled_lifetimes();
+    }
     assign_categories();
     return replay();
   }
@@ -357,9 +366,14 @@ class Simulation {
         }
         for (std::int32_t i = out_begin_[from_at]; i < out_begin_[from_at + 1]; ++i) {
           Slot& slot = slots_[static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)])];
-          slot.last = pos;
+          if (slot.first_read < 0) slot.first_read = pos;
+          // The output node's read keeps the storage to the end of the step
+          // (to_end), which a last reader cannot say: last stays the last
+          // node that computes with it.
+          if (!is_output) slot.last = pos;
           slot.to_end = slot.to_end || is_output;
           slot.backward_read = slot.backward_read || backward;
+          slot.backward_compute_read = slot.backward_compute_read || (backward && !is_output);
         }
       });
 
@@ -368,7 +382,9 @@ class Simulation {
       out_begin_[at + 1] = static_cast<std::int32_t>(out_slots_.size());
       if (node.kind == NodeKind::kPlaceholder || node.kind == NodeKind::kGetAttr) {
         for (std::size_t i = begin; i < out_slots_.size(); ++i) {
-          slots_[static_cast<std::size_t>(out_slots_[i])].whole_step = true;
+          Slot& slot = slots_[static_cast<std::size_t>(out_slots_[i])];
+          slot.whole_step = true;
+          slot.tangent = fusion && backward && node.kind == NodeKind::kPlaceholder;
         }
       }
 
@@ -459,6 +475,55 @@ class Simulation {
     }
   }
 
+
+  // Execution model (9): a fused node whose output is not materialised runs
+  // inside the kernels of its readers that write memory; the storages it
+  // reads live until the last of them has run.
+  void read_when_kernels_run() {
+    constexpr std::int32_t kNone = -1;
+    std::vector<std::int32_t> kernel(n_, kNone);  // by position: the last kernel it runs in
+    for (std::size_t at = n_; at-- > 0;) {
+      if (!fused_node_[at]) continue;
+      const bool deferred = !materialised(at);
+      const std::int32_t runs =
+          deferred && kernel[at] != kNone ? kernel[at] : static_cast<std::int32_t>(at);
+      for (std::int32_t i = fused_inputs_begin_[at]; i < fused_inputs_begin_[at + 1]; ++i) {
+        const auto from = static_cast<std::size_t>(fused_inputs_[static_cast<std::size_t>(i)]);
+        for (std::int32_t k = out_begin_[from]; k < out_begin_[from + 1]; ++k) {
+          Slot& slot = slots_[static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(k)])];
+          if (slot.fused) {
+            std::int32_t& producer = kernel[static_cast<std::size_t>(slot.first)];
+            producer = std::max(producer, runs);
+          } else if (deferred) {
+            slot.last = std::max(slot.last, runs);
+          }
+        }
+      }
+    }
+  }
+
+  // Execution model (10), between passes 1 and 2: tangents live from their
+  // first reader to their last, and a forward storage the output node returns
+  // and a backward node reads lives to its last reader.
+  void follow_compiled_lifetimes() {
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      Slot& slot = slots_[s];
+      if (slot.tangent && slot.whole_step && !slot.host && !slot.to_end) {
+        slot.whole_step = false;
+        if (slot.first_read < 0) {
+          slot.fused = true;  // never read: never allocated
+          continue;
+        }
+        slot.first = slot.first_read;
+        late_allocations_.emplace_back(slot.first, static_cast<std::int32_t>(s));
+      } else if (slot.to_end && slot_forward_[s] && slot.backward_compute_read &&
+                 !slot.whole_step && !slot.host) {
+        slot.to_end = false;
+      }
+    }
+    std::sort(late_allocations_.begin(), late_allocations_.end());
+  }
+
   // An offload copies its input (a tensor) to host memory: its result's
   // storage is host memory, and the input's storage is in flight.
   void link_offload(const Node& node, std::int32_t pos, std::size_t begin) {
@@ -531,7 +596,7 @@ class Simulation {
       Slot& slot = slots_[s];
       slot.rounded = round_allocation(slot.bytes, profile);
       const auto first = static_cast<std::size_t>(slot.first);
-      if (slot.whole_step) {
+      if (slot.whole_step || slot.tangent) {
         slot.category = kInputs;
       } else if (role_[first] == Role::kReload) {
         slot.category = kReloads;
@@ -591,14 +656,21 @@ class Simulation {
     std::vector<double> copy_done(n_, 0.0);  // by offload/reload position
     double t = 0;  // when the compute stream is free
     result.peak_bytes = -1;
+    std::size_t next_late = 0;  // into late_allocations_
 
     for (std::size_t at = 0; at < n_; ++at) {
       const Node& node = graph_.nodes[at];
       const auto pos = static_cast<std::int32_t>(at);
+      for (; next_late < late_allocations_.size() && late_allocations_[next_late].first == pos;
+           ++next_late) {
+        const auto s = static_cast<std::size_t>(late_allocations_[next_late].second);
+        live += slots_[s].rounded;
+        live_by_category_[slots_[s].category] += slots_[s].rounded;
+      }
       for (std::int32_t i = out_begin_[at]; i < out_begin_[at + 1]; ++i) {
         const auto s = static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)]);
         const Slot& slot = slots_[s];
-        if (slot.first != pos || slot.whole_step || slot.fused) continue;
+        if (slot.first != pos || slot.whole_step || slot.fused || slot.tangent) continue;
         if (slot.host) {
           host_live += slot.bytes;
         } else {
@@ -740,6 +812,9 @@ class Simulation {
   SlotTable slot_table_;
   std::vector<Slot> slots_;
   std::vector<bool> slot_forward_;  // first produced in forward
+  // inductor_fusion: (position, slot) of tangents allocated at their first
+  // reader, by position.
+  std::vector<std::pair<std::int32_t, std::int32_t>> late_allocations_;
   std::vector<std::uint8_t> current_category_;
 
   std::array<std::int64_t, kMemoryCategoryCount> live_by_category_{};

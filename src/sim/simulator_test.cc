@@ -378,12 +378,13 @@ TEST(SimulateFusion, APointwiseChainBetweenMatmulsIsNeverAllocatedAndCostsItsTra
 
   const SimResult fused = simulate(graph, cost, with_fusion());
   // up and sq live only inside the kernel; m (an mm's) and down (an mm reads
-  // it) are allocated.
+  // it) are allocated. The kernel that reads m is the one that writes down.
   EXPECT_EQ(point_of(fused, up).live_bytes, 3 * kMiB);  // x, w, m
-  EXPECT_EQ(point_of(fused, sq).live_bytes, 2 * kMiB);  // m freed after up
-  EXPECT_EQ(point_of(fused, down).live_bytes, 3 * kMiB);
+  EXPECT_EQ(point_of(fused, sq).live_bytes, 3 * kMiB);
+  EXPECT_EQ(point_of(fused, down).live_bytes, 4 * kMiB);  // m freed after down
+  EXPECT_EQ(point_of(fused, out).live_bytes, 4 * kMiB);
   EXPECT_EQ(fused.peak_bytes, 4 * kMiB);
-  EXPECT_EQ(fused.peak_node, out.id);
+  EXPECT_EQ(fused.peak_node, down.id);
   // up keeps the third of its traffic it reads from m, down the third it
   // writes; sq reads and writes nothing in memory.
   EXPECT_NEAR(point_of(fused, up).end_ms - point_of(fused, up).start_ms, 0.1, 1e-12);
@@ -535,6 +536,43 @@ TEST(SimulateFusion, TheLossChainKeepsOnlyWhatBackwardReadsAndTheMatmulsRead) {
   EXPECT_EQ(point_of(fused, grad_up).by_category[kAct], 2 * kMiB + 2 * 512);
   EXPECT_EQ(op_by_op.peak_node, grad_up.id);
   EXPECT_EQ(op_by_op.peak_bytes - fused.peak_bytes, 4 * kMiB);
+}
+
+// ---- execution model (10): lifetimes under torch.compile -------------------
+
+TEST(SimulateFusion, ATangentLivesFromItsFirstReaderAndTheReturnedLogitsToTheirLastReader) {
+  // Exported joint graphs list the tangents among the first placeholders, in
+  // phase backward; logits are returned and read again by backward.
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto w = b.input("w", mib_tensor(1));
+  b.backward();
+  auto tangent = b.input("tangents_2", mib_tensor(1));
+  b.forward();
+  auto logits = b.call("aten.mm.default", {x, w}, mib_tensor(1));
+  auto h = b.call("aten.mm.default", {logits, w}, mib_tensor(1));
+  b.backward();
+  auto g = b.call("aten.mm.default", {tangent, w}, mib_tensor(1));
+  auto gw = b.call("aten.mm.default", {logits, g}, mib_tensor(1));
+  auto gx = b.call("aten.mm.default", {gw, w}, mib_tensor(1));
+  b.output({logits, h, gx});
+  const Graph graph = b.build();
+  const CostModel cost(flat_profile());
+
+  const SimResult compiled = simulate(graph, cost, with_fusion());
+  EXPECT_EQ(point_of(compiled, h).live_bytes, 4 * kMiB);  // x, w, logits, h; no tangent
+  EXPECT_EQ(point_of(compiled, g).live_bytes, 6 * kMiB);  // and the tangent, and g
+  EXPECT_EQ(point_of(compiled, g).by_category[kIn], 3 * kMiB);
+  // The tangent goes after g, logits after gw; h, returned and not read by
+  // backward, stays.
+  EXPECT_EQ(point_of(compiled, gw).live_bytes, 6 * kMiB);
+  EXPECT_EQ(point_of(compiled, gx).live_bytes, 5 * kMiB);  // x, w, h, gw, gx
+  EXPECT_EQ(compiled.peak_bytes, 6 * kMiB);
+
+  // Op by op (eager, and the runtime's own test) the caller holds both.
+  const SimResult eager = simulate(graph, cost);
+  EXPECT_EQ(point_of(eager, h).live_bytes, 5 * kMiB);
+  EXPECT_EQ(point_of(eager, gx).live_bytes, 7 * kMiB);
 }
 
 std::string invalid_graph_error(const Graph& graph) {
