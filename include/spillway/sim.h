@@ -105,6 +105,32 @@
 //       the output node (the caller keeps only the loss). A storage the
 //       output node reads and no backward node reads lives to the end of
 //       the step, as in (6).
+//  (11) Also with SimOptions::inductor_fusion, torch's min-cut partitioner
+//       recomputes in backward, inside the kernels that read them, the
+//       forward values that are cheap to rebuild, and saves what they are
+//       rebuilt from (min_cut_rematerialization_partition,
+//       torch/_functorch/partitioners.py). A forward storage that a backward
+//       node reads is recomputed when it and every storage on its chain are
+//       recomputable: first produced by a pointwise node (analysis::
+//       is_inductor_pointwise) and read and written, in both phases, only by
+//       fused nodes and aliases (a storage a matmul, a copy or an offload
+//       reads is "materialized in backward" or forward, and saved as it is),
+//       neither returned nor an input, and not a storage of a
+//       SimOptions::planned node that backward reads. The chain walks back
+//       from the storage's first producer through the storages its inputs
+//       live in while they are recomputable (views followed by storage); the
+//       first storage that is not (a reduction such as amax, sum or mean, a
+//       matmul's output, a storage a matmul reads) is what the forward
+//       saves: it lives to the last backward reader of any recomputed
+//       storage that needs it and is materialised; inputs are read as they
+//       are. The recomputed storages are never materialised (9) and the
+//       recompute takes no time. A chain that would keep an offloaded
+//       storage, or that passes more than 256 storages, is left saved.
+//       torch's own cut weighs sizes and bans more (a node used far apart,
+//       long fusible chains, nodes far from backward); this is its common
+//       case: the fp32 upcasts of the residual stream, the fp32 log-softmax,
+//       rotary cos/sin and the final norm's output are rebuilt from the bf16 residuals,
+//       logits and the saved reductions.
 //
 // Thread-safety: every function here is pure; a CostModel is immutable after
 // construction and may be shared between threads.
@@ -238,10 +264,15 @@ struct SimOptions {
   // Off, simulate() returns only the totals and the peak: the planners' mode.
   bool record_timeline = true;
   // Simulate as torch.compile runs the graph: Inductor fuses pointwise chains
-  // (execution model (9)) and the compiled function's lifetimes (10). Off,
-  // every node's output is allocated and every node takes its own time, as
-  // when the graph runs op by op (eager).
+  // (execution model (9)), the compiled function's lifetimes (10) and the
+  // partitioner's own recomputes (11). Off, every node's output is allocated
+  // and every node takes its own time, as when the graph runs op by op
+  // (eager).
   bool inductor_fusion = false;
+  // With inductor_fusion: forward nodes whose fate a plan decides (the budget
+  // planner's candidates); the partitioner model (11) never recomputes a
+  // storage of one that backward reads. Unknown ids are ignored.
+  std::vector<NodeId> planned;
 };
 
 // One node's interval on a stream.

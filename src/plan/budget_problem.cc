@@ -203,6 +203,10 @@ SimOptions BudgetProblem::sim_options(std::vector<NodeId> recomputed) const {
   // torch.compile mode: the step as Inductor runs it, pointwise chains fused
   // into their readers' kernels (neither allocated nor timed on their own).
   sim.inductor_fusion = options_.partitioner_recomputes_pointwise;
+  // The candidates are the plan's to keep, offload or recompute; the
+  // partitioner model (execution model (11)) recomputes the other values
+  // backward reads, in the baseline and in every plan alike.
+  if (sim.inductor_fusion) sim.planned = candidates_;
   return sim;
 }
 

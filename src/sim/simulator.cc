@@ -105,6 +105,10 @@ struct Slot {
   // first producer's phase produces or reads it; fused: not materialised.
   bool fusion_blocked = false;
   bool fused = false;
+  // inductor_fusion: blocked by something other than a fused node or an
+  // alias of the other phase reading it (a matmul, a copy, an in-place write):
+  // it lands in memory whatever the partitioner does.
+  bool materialised_anyway = false;
   std::uint8_t category = kTemporaries;
 };
 
@@ -196,6 +200,10 @@ Role role_of(const Node& node) {
   return Role::kCompute;
 }
 
+// Execution model (11): a chain longer than this (slots recomputed for one
+// saved value) is left saved.
+constexpr std::size_t kMaxRecomputedChain = 256;
+
 // wait_tensor(t, keepalive, last_use): the position of last_use.
 constexpr std::size_t kWaitLastUseArg = 2;
 
@@ -255,6 +263,7 @@ class Simulation {
   SimResult run() {
     lay_out();
     if (options_.inductor_fusion) {
+      recompute_as_the_partitioner();
       fold_fusion();
       read_when_kernels_run();
       follow_compiled_lifetimes();
@@ -424,8 +433,10 @@ class Simulation {
       Slot& slot = slots_[static_cast<std::size_t>(out_slots_[i])];
       if (slot.first == pos) {
         slot.fusion_blocked = !fused;
+        slot.materialised_anyway = !fused;
       } else if (!alias) {
         slot.fusion_blocked = true;  // written again in place
+        slot.materialised_anyway = true;
       }
     }
     const bool forward = node.phase == Phase::kForward;
@@ -433,7 +444,12 @@ class Simulation {
       const auto from_at = static_cast<std::size_t>(from);
       for (std::int32_t i = out_begin_[from_at]; i < out_begin_[from_at + 1]; ++i) {
         const auto s = static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)]);
-        if (slot_forward_[s] != forward || !(fused || alias)) slots_[s].fusion_blocked = true;
+        if (!(fused || alias)) {
+          slots_[s].fusion_blocked = true;
+          slots_[s].materialised_anyway = true;
+        } else if (slot_forward_[s] != forward) {
+          slots_[s].fusion_blocked = true;
+        }
       }
     }
     fused_node_[at] = fused;
@@ -475,10 +491,99 @@ class Simulation {
     }
   }
 
+  // Execution model (11): whether the partitioner may recompute slot s in
+  // backward from its pointwise chain.
+  bool partitioner_recomputable(std::size_t s, const std::vector<bool>& planned) const {
+    const Slot& slot = slots_[s];
+    if (!slot_forward_[s] || slot.whole_step || slot.host || slot.to_end ||
+        slot.materialised_anyway || (planned[s] && slot.backward_compute_read)) {
+      return false;
+    }
+    const auto first = static_cast<std::size_t>(slot.first);
+    const Node& producer = graph_.nodes[first];
+    return role_[first] == Role::kCompute && fused_node_[first] &&
+           analysis::is_inductor_pointwise(producer, schemas_.of(producer));
+  }
+
+  // Execution model (11), between pass 1 and fold_fusion(): each forward
+  // storage backward reads that the partitioner recomputes inside backward's
+  // kernels is left unmaterialised, and what its pointwise chain reads is
+  // kept to its last backward reader instead.
+  void recompute_as_the_partitioner() {
+    std::vector<bool> planned(slots_.size(), false);
+    for (NodeId id : options_.planned) {
+      const std::int64_t at = lookup_.position(id);
+      if (at < 0) continue;
+      for (std::int32_t i = out_begin_[static_cast<std::size_t>(at)];
+           i < out_begin_[static_cast<std::size_t>(at) + 1]; ++i) {
+        planned[static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(i)])] = true;
+      }
+    }
+    std::vector<bool> offloaded(slots_.size(), false);
+    for (std::int32_t s : in_flight_slot_) {
+      if (s >= 0) offloaded[static_cast<std::size_t>(s)] = true;
+    }
+    std::vector<std::int32_t> seen(slots_.size(), -1);  // target that visited it
+    std::vector<std::size_t> chain;
+    std::vector<std::size_t> kept;
+    std::vector<std::size_t> pending;
+    for (std::size_t target = 0; target < slots_.size(); ++target) {
+      const Slot& saved = slots_[target];
+      if (!saved.backward_compute_read || !saved.fusion_blocked ||
+          !partitioner_recomputable(target, planned)) {
+        continue;
+      }
+      const auto stamp = static_cast<std::int32_t>(target);
+      chain.clear();
+      kept.clear();
+      pending.assign(1, target);
+      seen[target] = stamp;
+      bool ok = true;
+      while (ok && !pending.empty()) {
+        const std::size_t s = pending.back();
+        pending.pop_back();
+        chain.push_back(s);
+        if (chain.size() > kMaxRecomputedChain) ok = false;
+        const auto producer = static_cast<std::size_t>(slots_[s].first);
+        for (std::int32_t i = fused_inputs_begin_[producer];
+             ok && i < fused_inputs_begin_[producer + 1]; ++i) {
+          const auto from = static_cast<std::size_t>(fused_inputs_[static_cast<std::size_t>(i)]);
+          for (std::int32_t k = out_begin_[from]; k < out_begin_[from + 1]; ++k) {
+            const auto input = static_cast<std::size_t>(out_slots_[static_cast<std::size_t>(k)]);
+            if (seen[input] == stamp) continue;
+            seen[input] = stamp;
+            const Slot& read = slots_[input];
+            if (partitioner_recomputable(input, planned)) {
+              pending.push_back(input);
+            } else if (read.host || offloaded[input]) {
+              ok = false;  // the partitioner would save the value itself
+            } else if (!read.whole_step) {
+              kept.push_back(input);
+            }
+          }
+        }
+      }
+      if (!ok) continue;
+      std::int32_t last = saved.last;
+      for (std::size_t s : chain) {
+        if (!slots_[s].backward_compute_read) continue;
+        slots_[s].fusion_blocked = false;
+        last = std::max(last, slots_[s].last);
+      }
+      for (std::size_t s : kept) {
+        Slot& read = slots_[s];
+        read.fusion_blocked = true;
+        read.backward_read = true;
+        read.backward_compute_read = true;
+        kept_until_.emplace_back(static_cast<std::int32_t>(s), last);
+      }
+    }
+  }
 
   // Execution model (9): a fused node whose output is not materialised runs
   // inside the kernels of its readers that write memory; the storages it
-  // reads live until the last of them has run.
+  // reads live until the last of them has run. So do those a recomputed
+  // chain keeps (11), until the kernel of its last backward reader.
   void read_when_kernels_run() {
     constexpr std::int32_t kNone = -1;
     std::vector<std::int32_t> kernel(n_, kNone);  // by position: the last kernel it runs in
@@ -499,6 +604,14 @@ class Simulation {
           }
         }
       }
+    }
+    for (const auto& [s, reader] : kept_until_) {
+      const auto at = static_cast<std::size_t>(reader);
+      const std::int32_t runs = fused_node_[at] && !materialised(at) && kernel[at] != kNone
+                                    ? kernel[at]
+                                    : reader;
+      Slot& slot = slots_[static_cast<std::size_t>(s)];
+      slot.last = std::max(slot.last, runs);
     }
   }
 
@@ -815,6 +928,9 @@ class Simulation {
   // inductor_fusion: (position, slot) of tangents allocated at their first
   // reader, by position.
   std::vector<std::pair<std::int32_t, std::int32_t>> late_allocations_;
+  // inductor_fusion: (slot, backward reader) of storages a recomputed chain
+  // keeps until that reader's kernel (execution model (11)).
+  std::vector<std::pair<std::int32_t, std::int32_t>> kept_until_;
   std::vector<std::uint8_t> current_category_;
 
   std::array<std::int64_t, kMemoryCategoryCount> live_by_category_{};

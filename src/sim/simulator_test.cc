@@ -423,7 +423,7 @@ TEST(SimulateFusion, AValueSavedForBackwardIsAllocatedAsAnActivation) {
   auto down = b.call("aten._to_copy.default", {sq}, mib_tensor(1));
   auto m = b.call("aten.mm.default", {down, w}, mib_tensor(1));
   b.backward();
-  auto grad = b.call("aten.mul.Tensor", {up, m}, fp32_of(1));
+  auto grad = b.call("aten.mm.default", {up, m}, fp32_of(1));  // materialised in backward
   b.output({grad});
   const SimResult r = simulate(b.build(), CostModel(flat_profile()), with_fusion());
   EXPECT_EQ(point_of(r, sq).live_bytes, 4 * kMiB);  // x, w, up; not sq
@@ -462,7 +462,8 @@ TEST(SimulateFusion, ViewsShareTheirBasesFate) {
     EXPECT_EQ(point_of(r, up).live_bytes, 3 * kMiB);
     EXPECT_EQ(r.peak_bytes, 5 * kMiB);
   }
-  // A view taken in backward reads the forward value in backward: saved.
+  // A view taken in backward and read by a matmul reads the forward value in
+  // backward: saved.
   {
     GraphBuilder b;
     pointwise_op(b, "aten.neg.default", {"self"});
@@ -473,7 +474,7 @@ TEST(SimulateFusion, ViewsShareTheirBasesFate) {
     auto m = b.call("aten.mm.default", {down, x}, mib_tensor(1));
     b.backward();
     auto d = b.view("aten.detach.default", up, fp32_of(1));
-    auto g = b.call("aten.neg.default", {d}, fp32_of(1));
+    auto g = b.call("aten.mm.default", {d, x}, fp32_of(1));
     b.output({g, m});
     const SimResult r = simulate(b.build(), cost, with_fusion());
     EXPECT_EQ(point_of(r, n).live_bytes, 3 * kMiB);  // x and up; n is not
@@ -536,6 +537,53 @@ TEST(SimulateFusion, TheLossChainKeepsOnlyWhatBackwardReadsAndTheMatmulsRead) {
   EXPECT_EQ(point_of(fused, grad_up).by_category[kAct], 2 * kMiB + 2 * 512);
   EXPECT_EQ(op_by_op.peak_node, grad_up.id);
   EXPECT_EQ(op_by_op.peak_bytes - fused.peak_bytes, 4 * kMiB);
+}
+
+// ---- execution model (11): the partitioner's own recomputes ----------------
+
+// logits = mm(x, w); up = fp32(logits); peak = amax(up); shifted = up - peak,
+// read by the forward's next matmul (as bf16) and by a fused backward op.
+struct ShiftedLogits {
+  GraphBuilder b;
+  NodeRef x, w, logits, up, peak, shifted, down, out, grad, grad_w;
+  ShiftedLogits() {
+    pointwise_op(b, "aten.sub.Tensor", {"self", "other"});
+    pointwise_op(b, "aten.mul.Tensor", {"self", "other"});
+    x = b.input("x", mib_tensor(1));
+    w = b.input("w", mib_tensor(1));
+    logits = b.call("aten.mm.default", {x, w}, mib_tensor(1));
+    up = b.call("aten._to_copy.default", {logits}, fp32_of(1));
+    peak = b.call("aten.amax.default", {up}, GraphBuilder::tensor({512, 1}, {}, 4, "float32"));
+    shifted = b.call("aten.sub.Tensor", {up, peak}, fp32_of(1));
+    down = b.call("aten._to_copy.default", {shifted}, mib_tensor(1));
+    out = b.call("aten.mm.default", {down, w}, mib_tensor(1));
+    b.backward();
+    grad = b.call("aten.mul.Tensor", {shifted, shifted}, fp32_of(1));
+    auto grad_down = b.call("aten._to_copy.default", {grad}, mib_tensor(1));
+    grad_w = b.call("aten.mm.default", {grad_down, x}, mib_tensor(1));
+    b.output({out, grad_w});
+  }
+};
+
+TEST(SimulateFusion, ThePartitionerRecomputesAPointwiseValueFromTheBf16InputAndTheReduction) {
+  ShiftedLogits g;
+  const Graph graph = g.b.build();
+  const CostModel cost(flat_profile());
+  const SimResult r = simulate(graph, cost, with_fusion());
+  // Saved for backward: the bf16 logits and amax's 512 floats, not the fp32
+  // shifted logits (out counts too: the output node, in backward, reads it).
+  EXPECT_EQ(point_of(r, g.out).by_category[kAct], 2 * kMiB + 2048);
+  EXPECT_EQ(point_of(r, g.out).live_bytes, (2 + 1) * kMiB + 2048 + 2 * kMiB);  // + down, out
+  // Both live until the last backward reader of what they rebuild.
+  EXPECT_EQ(point_of(r, g.grad).by_category[kAct], 2 * kMiB + 2048);
+  EXPECT_EQ(point_of(r, g.grad_w).by_category[kAct], 1 * kMiB);
+
+  // A planned value (a budget candidate) is the plan's: saved as it is.
+  SimOptions planned = with_fusion();
+  planned.planned = {g.shifted.id};
+  const SimResult kept = simulate(graph, cost, planned);
+  EXPECT_EQ(point_of(kept, g.out).by_category[kAct], 3 * kMiB);
+  EXPECT_EQ(kept.peak_bytes - r.peak_bytes, 1 * kMiB - 2048);
 }
 
 // ---- execution model (10): lifetimes under torch.compile -------------------
