@@ -125,6 +125,11 @@ class CompiledPlan:
     # partitioned forward departs from it (filled in when the forward compiles).
     budget: dict | None = None
     departures: list[str] = dataclasses.field(default_factory=list)
+    # memory_budget mode: the joint graph's storage id per node name, and how
+    # many of the forward's outputs are the model's (the rest it saves), for
+    # matching what the forward saves to the plan by storage.
+    joint_storages: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    model_outputs: int = 0
 
     def forecast(self) -> dict:
         """What the budget planner predicts for this graph's step: step_ms, peak_bytes,
@@ -316,6 +321,8 @@ class _Session:
         summary = {"edit_list": plan["edit_list"] if plan else [], "offloads": [],
                    "bytes_offloaded": plan["forecast"]["bytes_offloaded"] if plan else 0}
         record = CompiledPlan(summary, scope_in_graph=plan is not None, budget=plan)
+        if plan is not None:
+            record.joint_storages, record.model_outputs = _joint_storages(exported)
         with self.lock:
             self.plans.append(record)
             self.pending_forward = record
@@ -342,7 +349,10 @@ class _Session:
                     record.forward_outputs, record.forward_output_bytes = _outputs(graph)
                     record.forward_replays = replays
                     if record.budget is not None:
-                        record.departures = _departures(record.budget, record.forward_outputs)
+                        record.departures = _departures(
+                            record.budget, record.forward_outputs[record.model_outputs:],
+                            record.forward_output_bytes[record.model_outputs:],
+                            record.joint_storages)
 
 
 _latest: _Session | None = None
@@ -449,19 +459,71 @@ def _aot_eager_backend(session: _Session) -> Any:
     return lambda gm, example_inputs: _guarded(backend, gm, example_inputs)
 
 
-def _departures(plan: dict, saved: list[str]) -> list[str]:
-    """Where the partitioned forward departs from the budget plan: a value the plan
-    keeps that the partitioner recomputes anyway (frees more than planned), or a
-    value the plan offloads or recomputes that the forward still saves on the
-    device (frees less). One line each."""
-    saved_names = set(saved)
+def _joint_storages(exported: dict) -> tuple[dict[str, int], int]:
+    """The storage id of each call_function node of the exported joint graph that
+    holds a tensor, by name, and how many values of the forward phase its output
+    node returns (the model's outputs, which the partitioned forward returns
+    first)."""
+    storages: dict[str, int] = {}
+    phase: dict[int, str] = {}
+    returned = 0
+    for node in exported["nodes"]:
+        phase[node["id"]] = node.get("phase", "")
+        value = node.get("value") or {}
+        if (node.get("kind") == "call_function" and value.get("type") == "tensor"
+                and value.get("storage") is not None):
+            storages[node["name"]] = value["storage"]
+        if node.get("kind") == "output":
+            refs: list[int] = []
+            _node_refs(node.get("args"), refs)
+            returned = sum(phase.get(ref) == "forward" for ref in refs)
+    return storages, returned
+
+
+def _node_refs(arg: Any, into: list[int]) -> None:
+    if isinstance(arg, dict):
+        if set(arg) == {"node"}:
+            into.append(arg["node"])
+            return
+        for value in arg.values():
+            _node_refs(value, into)
+    elif isinstance(arg, list):
+        for value in arg:
+            _node_refs(value, into)
+
+
+def _departures(plan: dict, saved: list[str], saved_bytes: list[int],
+                storages: dict[str, int]) -> list[str]:
+    """Where the partitioned forward departs from the budget plan, one line each:
+    a value the plan keeps that the partitioner recomputes anyway (frees more than
+    planned), a value the plan offloads or recomputes that the forward still saves
+    on the device (frees less), and, largest first, each value the forward saves
+    that is no candidate of the plan (the simulator's model of the partitioner,
+    execution model (11) in include/spillway/sim.h, decides those). `saved` are
+    the forward's saved outputs (after the model's outputs) with their bytes;
+    values match by storage, so a view the forward saves (view_18 of mul_11)
+    stands for its base. Inputs (parameters) and the forward's new nodes (waits,
+    replays) are not listed."""
+    saved_by_storage: dict[int, tuple[str, int]] = {}
+    for name, nbytes in zip(saved, saved_bytes):
+        if name in storages:
+            saved_by_storage.setdefault(storages[name], (name, nbytes))
     lines = []
+    planned: set[int] = set()
     for choice in plan["choices"]:
         name, decision = choice["name"], choice["decision"]
-        if decision == "keep" and name not in saved_names:
+        storage = storages.get(name)
+        planned.add(storage)
+        is_saved = storage in saved_by_storage
+        if decision == "keep" and not is_saved:
             lines.append(f"{name}: kept by the plan, recomputed by the partitioner")
-        elif decision in ("offload", "recompute") and name in saved_names:
-            lines.append(f"{name}: {decision} in the plan, saved on the device by the partitioner")
+        elif decision in ("offload", "recompute") and is_saved:
+            lines.append(f"{name}: {decision} in the plan, saved on the device by the partitioner"
+                         f" (as {saved_by_storage[storage][0]})")
+    others = [(nbytes, name) for storage, (name, nbytes) in saved_by_storage.items()
+              if storage not in planned]
+    for nbytes, name in sorted(others, key=lambda item: -item[0]):
+        lines.append(f"{name}: saved by the partitioner, no candidate ({nbytes} bytes)")
     return lines
 
 
