@@ -201,20 +201,29 @@ TEST(SimulateRealGraphs, T1UnderInductorFusionHasNoFp32LossChain) {
   // Fused: the fp32 copy of the logits (16384 x 32000 x 4 B) is computed
   // inside the log_softmax kernel, the loss's two fp32 gradients inside the
   // kernel that writes the bf16 one; log_softmax's output stays (backward
-  // reads it).
+  // reads it). Beyond those, at log_softmax the bf16 tangent of the logits
+  // does not exist yet (execution model (10)) and the partitioner rebuilds
+  // the residuals' fp32 upcasts, the final norm and rotary cos/sin in
+  // backward (11).
   constexpr std::int64_t kFp32Logits = std::int64_t{16384} * 32000 * 4;
+  EXPECT_GE(live_at(graph, op_by_op, "_log_softmax") - live_at(graph, fused, "_log_softmax"),
+            kFp32Logits + kFp32Logits / 2);
   EXPECT_EQ(live_at(graph, op_by_op, "_log_softmax") - live_at(graph, fused, "_log_softmax"),
-            kFp32Logits);
+            8'430'551'040);
   EXPECT_EQ(live_at(graph, op_by_op, "_log_softmax_backward_data") -
                 live_at(graph, fused, "_log_softmax_backward_data"),
-            2 * kFp32Logits);
-  // The peak moves to the end of forward: the saved activations.
-  EXPECT_EQ(fused.peak_bytes, 31'136'897'024);  // 29.00 GiB
-  EXPECT_EQ(name_of(graph, fused.peak_node), "nll_loss_forward");
-  EXPECT_EQ(fused.peak_phase, Phase::kForward);
+            11'576'146'944);
+  // The peak is in backward, where the gradient of the logits is written:
+  // 23.10 GiB against 23.28 GiB measured under torch.compile (the joint
+  // graph's share of the 25.06 GiB), no longer the 29.00 GiB of the saved
+  // activations at the end of forward.
+  EXPECT_EQ(fused.peak_bytes, 24'803'498'496);  // 23.10 GiB
+  EXPECT_EQ(name_of(graph, fused.peak_node), "_to_copy_71");
+  EXPECT_EQ(fused.peak_phase, Phase::kBackward);
   // Fused ops keep the share of their time that their traffic keeps: the
-  // step moves from 333.6 ms to 259.4 ms, 10 ms above the measured 249.5 ms.
-  EXPECT_NEAR(fused.step_ms, 259.41, 0.01);
+  // step moves from 333.6 ms to 247.6 ms, 1.9 ms below the measured 249.5 ms
+  // (a recompute the partitioner fuses into backward is charged nothing).
+  EXPECT_NEAR(fused.step_ms, 247.60, 0.01);
   std::printf("t1-h200-timed on %s: op by op %.2f GiB / %.2f ms, with Inductor's fusion "
               "%.2f GiB / %.2f ms\n",
               h200_profile().name.c_str(), static_cast<double>(op_by_op.peak_bytes) / (1 << 30),

@@ -530,13 +530,16 @@ TEST(SimulateFusion, TheLossChainKeepsOnlyWhatBackwardReadsAndTheMatmulsRead) {
   const CostModel cost(flat_profile());
   const SimResult op_by_op = simulate(graph, cost);
   const SimResult fused = simulate(graph, cost, with_fusion());
-  EXPECT_EQ(point_of(op_by_op, lsm).live_bytes - point_of(fused, lsm).live_bytes, 2 * kMiB);
+  // At lsm the fused step holds no fp32 copy but still the logits (the
+  // kernel computing lsm reads them) and not yet the tangent (512 B).
+  EXPECT_EQ(point_of(op_by_op, lsm).live_bytes - point_of(fused, lsm).live_bytes,
+            2 * kMiB - 1 * kMiB + 512);
   EXPECT_EQ(point_of(op_by_op, grad_up).live_bytes - point_of(fused, grad_up).live_bytes,
             4 * kMiB);
   // Saved: lsm, and the loss's two scalars (the output node, in backward, reads them).
   EXPECT_EQ(point_of(fused, grad_up).by_category[kAct], 2 * kMiB + 2 * 512);
   EXPECT_EQ(op_by_op.peak_node, grad_up.id);
-  EXPECT_EQ(op_by_op.peak_bytes - fused.peak_bytes, 4 * kMiB);
+  EXPECT_EQ(op_by_op.peak_bytes - fused.peak_bytes, 3 * kMiB);
 }
 
 // ---- execution model (11): the partitioner's own recomputes ----------------
