@@ -57,7 +57,9 @@ BENCHMARKS.md). Methods:
                          separate stream, sink wait, reload prefetch)
   spillway-compiled      spillway.compile; options after a colon, e.g.
                          spillway-compiled:memory_budget=60%  (the budget planner; the
-                         plan's forecast is recorded beside the measurement)
+                         plan's forecast is recorded beside the measurement); a
+                         budget in bytes is the whole step's, the gradients t1 keeps
+                         from step to step included (grads_kept=True)
 
 --flat-steps N (or the method option flat=N) runs N more steps for spillway
 methods and records, per step,
@@ -216,6 +218,12 @@ def _step_fn(name: str, options: dict, model, device: str):
         return (lambda ids: compiled(input_ids=ids, labels=ids).loss), dict
     if name == "spillway-compiled":
         from spillway.activations import compiled as sc
+        from spillway._budget import parse_memory_budget
+        if ("memory_budget" in options and "grads_kept" not in options and
+                parse_memory_budget(options["memory_budget"])[0] == "bytes"):
+            # t1 never zeroes the gradients: the previous step's are held through
+            # every step beside the graph's memory; a byte budget is the whole step's.
+            options["grads_kept"] = True
         fn = sc.compile(model, **options)
         def plan_stats():
             plans = sc.last_plans()

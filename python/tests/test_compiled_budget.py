@@ -179,6 +179,36 @@ def test_an_unreachable_budget_names_the_smallest_reachable_peak():
         run(_ids(0), labels=_ids(0)).loss.backward()
 
 
+def test_kept_gradients_come_off_a_byte_budget():
+    _, _, (plan,) = _run(1.0, "aot_eager", steps=1)
+    peak = plan.forecast()["baseline"]["peak_bytes"]
+    model = _tiny_llama()
+    grads = sum(p.nbytes for p in model.parameters() if p.requires_grad)
+    run = compiled.compile(model, backend="aot_eager", memory_budget=peak + grads,
+                           grads_kept=True, min_bytes=0)
+    run(_ids(0), labels=_ids(0)).loss.backward()
+    (plan,) = compiled.last_plans()
+    forecast = plan.forecast()
+    assert forecast["budget_bytes"] == peak  # the graph's share: the gradients are off
+    assert forecast["outside_bytes"] == grads
+    assert forecast["peak_bytes"] == plan.budget["forecast"]["peak_bytes"] + grads
+    assert forecast["peak_bytes"] <= peak + grads
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"memory_budget": "1KiB", "grads_kept": True}, "gradients kept between steps"),
+    ({"grads_kept": True}, "with memory_budget only"),
+    ({"memory_budget": "1GiB", "grads_kept": 1}, "must be a bool"),
+])
+def test_grads_kept_errors_name_the_problem(kwargs, message):
+    model = _tiny_llama()
+    with pytest.raises(ValueError, match=message):
+        run = compiled.compile(model, backend="aot_eager", **kwargs)
+        run(_ids(0), labels=_ids(0)).loss.backward()
+    with pytest.raises(ValueError, match="needs an nn.Module"):
+        compiled.compile(lambda x: x, memory_budget="1GiB", grads_kept=True)
+
+
 def test_budget_strings_parse_to_bytes_and_fractions():
     assert parse_memory_budget("12GiB") == ("bytes", 12 << 30)
     assert parse_memory_budget("800 MiB") == ("bytes", 800 << 20)

@@ -73,6 +73,7 @@ BudgetProblem::BudgetProblem(const Graph& graph, const BudgetOptions& options, c
       rule_options_(make_rule_options()),
       ctx_{index_, *regions_scope_, safety_, rule_options_} {
   collect_candidates();
+  probe_candidates();
   baseline_ = simulate(graph_, cost_, sim_options({}));  // with its timeline: build_model reads it
   build_model();
   initial_.assign(model_->size(), Decision::kKeep);
@@ -314,6 +315,85 @@ void BudgetProblem::release_choices(const analysis::Regions& forward, std::size_
   c.release_lag = c.release_lags[k];
 }
 
+void BudgetProblem::probe_candidates() {
+  // Recompute probes: each candidate alone, every saved value kept.
+  std::unordered_map<std::int64_t, std::size_t> candidate_of_storage;
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    if (auto storage = analysis::storage_of(index_.node(candidates_[i]))) {
+      candidate_of_storage.emplace(*storage, i);
+    }
+  }
+  std::vector<std::pair<NodeId, std::int64_t>> in_order;
+  for (NodeId id : candidates_) in_order.emplace_back(id, 0);
+  const std::unordered_set<NodeId> none;
+
+  std::vector<Probe> probes(candidates_.size());
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    const NodeId id = candidates_[i];
+    const Node& node = index_.node(id);
+    Probe& probe = probes[i];
+    probe.can_offload = options_.allow_offload;
+    // Under Inductor a fusible value is computed inside its readers' kernels
+    // and never lands in memory of its own. Offloading it would make it: bytes
+    // a fused kernel rebuilds for free, and, in 16-bit, a rounding the fused
+    // kernel (which keeps such intermediates in fp32) never does. A bf16 tiny
+    // Llama on the H200 lost bit-exactness that way (2026-12-01). A value
+    // materialised in backward is written out in its own dtype all the same
+    // (Note [Materialised in backward]).
+    if (options_.partitioner_recomputes_pointwise && fusible(graph_, node) &&
+        !materialised_in_backward(index_, groups_, node)) {
+      probe.can_offload = false;
+    }
+    if (!options_.allow_recompute) continue;
+    const std::unordered_set<NodeId> only{id};
+    const ReplayPolicy policy{false, &only, &saved_};
+    const ReplaySelection replays = select_replays(ctx_, in_order, none, facts_, policy);
+    bool pointwise = true;
+    for (const ReplayChoice& choice : replays.replays) {
+      probe.can_recompute = probe.can_recompute || choice.producer == id;
+      probe.producers.push_back(index_.position(choice.producer));
+      pointwise = pointwise && fusible(graph_, index_.node(choice.producer));
+      for (NodeId input : choice.kept_inputs) {
+        const auto storage = analysis::storage_of(index_.node(input));
+        if (!storage) continue;
+        auto it = candidate_of_storage.find(*storage);
+        if (it != candidate_of_storage.end() && it->second != i &&
+            std::find(probe.reads.begin(), probe.reads.end(), candidates_[it->second]) ==
+                probe.reads.end()) {
+          probe.reads.push_back(candidates_[it->second]);
+        }
+      }
+    }
+    if (!probe.can_recompute) probe.producers.clear();
+    probe.free_recompute = probe.can_recompute && pointwise &&
+                           options_.partitioner_recomputes_pointwise &&
+                           !materialised_in_backward(index_, groups_, node);
+  }
+
+  // A candidate the plan can neither offload nor recompute is no candidate:
+  // in torch.compile mode it is the partitioner's (execution model (11)),
+  // which rebuilds a fusible value from whatever its chain reads, saved by
+  // backward or not (the fp32 upcast of a bf16 residual that backward never
+  // reads). Left as a candidate, the simulation would keep it whole.
+  std::vector<NodeId> kept;
+  std::unordered_map<NodeId, int> index_of;
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    if (!probes[i].can_offload && !probes[i].can_recompute) continue;
+    index_of.emplace(candidates_[i], static_cast<int>(kept.size()));
+    kept.push_back(candidates_[i]);
+    probes_.push_back(std::move(probes[i]));
+  }
+  for (Probe& probe : probes_) {
+    std::vector<int> reads;
+    for (NodeId read : probe.reads) {
+      auto it = index_of.find(read);
+      if (it != index_of.end()) reads.push_back(it->second);
+    }
+    probe.read_indices = std::move(reads);
+  }
+  candidates_ = std::move(kept);
+}
+
 void BudgetProblem::build_model() {
   const std::size_t n = graph_.nodes.size();
   const SimResult& timeline = baseline_;
@@ -354,21 +434,6 @@ void BudgetProblem::build_model() {
     reload_anchor[p] = std::min(p, backward.anchors[target]);
   }
 
-  // Recompute probes: each candidate alone, every saved value kept.
-  std::unordered_map<NodeId, int> candidate_index;
-  for (std::size_t i = 0; i < candidates_.size(); ++i) {
-    candidate_index.emplace(candidates_[i], static_cast<int>(i));
-  }
-  std::unordered_map<std::int64_t, int> candidate_of_storage;
-  for (std::size_t i = 0; i < candidates_.size(); ++i) {
-    if (auto storage = analysis::storage_of(index_.node(candidates_[i]))) {
-      candidate_of_storage.emplace(*storage, static_cast<int>(i));
-    }
-  }
-  std::vector<std::pair<NodeId, std::int64_t>> in_order;
-  for (NodeId id : candidates_) in_order.emplace_back(id, 0);
-  const std::unordered_set<NodeId> none;
-
   std::vector<double> prefix_ms(n + 1, 0.0);
   for (std::size_t p = 0; p < n; ++p) prefix_ms[p + 1] = prefix_ms[p] + node_ms[p];
   std::size_t forward_end = 0;  // the last node of the leading forward run
@@ -386,7 +451,11 @@ void BudgetProblem::build_model() {
     c.position = index_.position(id);
     c.bytes = round_allocation(analysis::hinted_nbytes(node.value.tensor).value_or(0),
                                cost_.profile());
-    c.can_offload = options_.allow_offload;
+    const Probe& probe = probes_[i];
+    c.can_offload = probe.can_offload;
+    c.can_recompute = probe.can_recompute;
+    c.free_recompute = probe.free_recompute;
+    c.recompute_reads = probe.read_indices;
     c.last_forward = forward_wait_position(index_, facts.lifetime);
     c.offload_release = c.last_forward;
     c.release_lag = options_.release_lag;
@@ -404,63 +473,10 @@ void BudgetProblem::build_model() {
       release_choices(forward, *region, forward_end, prefix_ms, c);
     }
     c.first_backward = index_.position(facts.first_backward_reader);
-    if (options_.allow_recompute) {
-      const std::unordered_set<NodeId> only{id};
-      const ReplayPolicy policy{false, &only, &saved_};
-      const ReplaySelection probe =
-          select_replays(ctx_, in_order, none, facts_, policy);
-      bool found = false;
-      for (const ReplayChoice& choice : probe.replays) {
-        found = found || choice.producer == id;
-        c.recompute_ms += node_ms[index_.position(choice.producer)];
-        for (NodeId input : choice.kept_inputs) {
-          const auto storage = analysis::storage_of(index_.node(input));
-          if (!storage) continue;
-          auto it = candidate_of_storage.find(*storage);
-          if (it != candidate_of_storage.end() && it->second != static_cast<int>(i) &&
-              std::find(c.recompute_reads.begin(), c.recompute_reads.end(), it->second) ==
-                  c.recompute_reads.end()) {
-            c.recompute_reads.push_back(it->second);
-          }
-        }
-      }
-      c.can_recompute = found;
-      if (!found) c.recompute_ms = 0;
-      if (found && options_.partitioner_recomputes_pointwise &&
-          !materialised_in_backward(index_, groups_, node)) {
-        bool pointwise = true;
-        for (const ReplayChoice& choice : probe.replays) {
-          pointwise = pointwise && fusible(graph_, index_.node(choice.producer));
-        }
-        if (pointwise) {
-          c.free_recompute = true;
-          c.recompute_ms = 0;
-        }
-      }
+    if (c.can_recompute && !c.free_recompute) {
+      for (std::size_t p : probe.producers) c.recompute_ms += node_ms[p];
     }
-    // Under Inductor a fusible value is computed inside its readers' kernels
-    // and never lands in memory of its own. Offloading it would make it: bytes
-    // a fused kernel rebuilds for free, and, in 16-bit, a rounding the fused
-    // kernel (which keeps such intermediates in fp32) never does. A bf16 tiny
-    // Llama on the H200 lost bit-exactness that way (2026-12-01). A value
-    // materialised in backward is written out in its own dtype all the same
-    // (Note [Materialised in backward]).
-    if (options_.partitioner_recomputes_pointwise && fusible(graph_, node) &&
-        !materialised_in_backward(index_, groups_, node)) {
-      c.can_offload = false;
-    }
-    if (c.can_offload || c.can_recompute) model.push_back(std::move(c));
-  }
-  // Drop candidates that can do nothing; reindex the reads.
-  std::unordered_map<NodeId, int> kept_index;
-  for (std::size_t i = 0; i < model.size(); ++i) kept_index.emplace(model[i].node, static_cast<int>(i));
-  for (ModelCandidate& c : model) {
-    std::vector<int> reads;
-    for (int old : c.recompute_reads) {
-      auto it = kept_index.find(candidates_[static_cast<std::size_t>(old)]);
-      if (it != kept_index.end()) reads.push_back(it->second);
-    }
-    c.recompute_reads = std::move(reads);
+    model.push_back(std::move(c));
   }
   model_ = std::make_unique<BudgetModel>(std::move(model), std::move(node_ms), std::move(live),
                                                std::move(reload_anchor), cost_);

@@ -57,6 +57,9 @@ class BudgetProblem {
   ActivationPlanOptions make_rule_options() const;
   std::string block_of(NodeId id) const;
   void collect_candidates();
+  // What each candidate allows (offload, recompute and from what), without
+  // times; drops the candidates that allow nothing.
+  void probe_candidates();
   void build_model();
   // BudgetOptions::release_when_copied: c's release positions and lags, for a
   // value produced in forward region `region`; forward_end is the position of
@@ -75,7 +78,16 @@ class BudgetProblem {
   std::unique_ptr<analysis::ScopeRoots> regions_scope_;
   ActivationPlanOptions rule_options_;
   RuleContext ctx_;
-  std::vector<NodeId> candidates_;  // graph order
+  struct Probe {
+    bool can_offload = false;
+    bool can_recompute = false;
+    bool free_recompute = false;  // BudgetOptions::partitioner_recomputes_pointwise
+    std::vector<std::size_t> producers;  // positions the recompute runs
+    std::vector<NodeId> reads;           // candidates it reads
+    std::vector<int> read_indices;       // the same, as indices into candidates_
+  };
+  std::vector<NodeId> candidates_;  // graph order; each allows offload or recompute
+  std::vector<Probe> probes_;       // per candidate
   std::unordered_map<NodeId, CandidateFacts> facts_;
   std::unordered_set<NodeId> saved_;  // forward tensor values backward reads
   SimResult baseline_;

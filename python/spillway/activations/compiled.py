@@ -130,6 +130,9 @@ class CompiledPlan:
     # matching what the forward saves to the plan by storage.
     joint_storages: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     model_outputs: int = 0
+    # memory_budget mode: bytes the step holds outside this graph
+    # (spillway.compile's grads_kept), taken off the budget before planning.
+    outside_bytes: int = 0
 
     def forecast(self) -> dict:
         """What the budget planner predicts for this graph's step: step_ms, peak_bytes,
@@ -137,8 +140,12 @@ class CompiledPlan:
         compute_wait_ms, and the budget. ValueError outside memory_budget mode."""
         if self.budget is None:
             raise ValueError("[compiled] forecast() needs spillway.compile(..., memory_budget=...)")
-        return dict(self.budget["forecast"], budget_bytes=self.budget["budget_bytes"],
-                    baseline=self.budget["baseline"])
+        forecast = dict(self.budget["forecast"], budget_bytes=self.budget["budget_bytes"],
+                        baseline=self.budget["baseline"], outside_bytes=self.outside_bytes)
+        # The step's peak as the allocator sees it: the graph's, plus what the
+        # graph does not hold and the step does (grads_kept).
+        forecast["peak_bytes"] += self.outside_bytes
+        return forecast
 
     def chrome_trace(self, path: str) -> None:
         """Writes the simulated step of this graph's plan as a Chrome trace (Perfetto)."""
@@ -293,7 +300,13 @@ class _Session:
         # A fraction is of the planner's baseline: the graph with the
         # partitioner's own recomputes, what plain torch.compile would peak at.
         fraction = spec[1] if spec[0] == "fraction" else 0.0
-        budget = budget_bytes(spec, 0) if spec[0] == "bytes" else 0
+        outside = self.budget["outside_bytes"]
+        budget = budget_bytes(spec, 0) - outside if spec[0] == "bytes" else 0
+        if spec[0] == "bytes" and budget <= 0:
+            raise _PlanRejected(ValueError(
+                f"memory_budget {budget_bytes(spec, 0) / 2**30:.2f} GiB is no more than the "
+                f"{outside / 2**30:.2f} GiB of gradients kept between steps (grads_kept): "
+                "nothing is left for the step's graph"))
         try:
             plan = json.loads(_C.plan_memory_budget(text, budget, trace=True,
                                                     svg_title="torch.compile joint graph",
@@ -320,7 +333,8 @@ class _Session:
             gm.recompile()
         summary = {"edit_list": plan["edit_list"] if plan else [], "offloads": [],
                    "bytes_offloaded": plan["forecast"]["bytes_offloaded"] if plan else 0}
-        record = CompiledPlan(summary, scope_in_graph=plan is not None, budget=plan)
+        record = CompiledPlan(summary, scope_in_graph=plan is not None, budget=plan,
+                              outside_bytes=outside if plan is not None else 0)
         if plan is not None:
             record.joint_storages, record.model_outputs = _joint_storages(exported)
         with self.lock:
@@ -589,6 +603,18 @@ def _budget_session(memory_budget: Any, allow_offload: Any, allow_recompute: Any
     return {"spec": spec, "options": options}
 
 
+def _kept_grad_bytes(model_or_fn: Any, grads_kept: Any) -> int:
+    """grads_kept's bytes: the gradients of the module's trainable parameters."""
+    if not isinstance(grads_kept, bool):
+        raise ValueError(f"[compiled] grads_kept must be a bool, got {grads_kept!r}")
+    if not grads_kept:
+        return 0
+    if not isinstance(model_or_fn, torch.nn.Module):
+        raise ValueError("[compiled] grads_kept needs an nn.Module (its parameters' gradients "
+                         f"are what it counts), got {type(model_or_fn).__name__}")
+    return sum(p.nbytes for p in model_or_fn.parameters() if p.requires_grad)
+
+
 def _check_options(plan_options: dict) -> None:
     """Raises the planner's ValueError now for options out of range."""
     probe = {"format": "spillway.graph", "version": 1, "nodes": [
@@ -614,7 +640,7 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
             allow_recompute: bool = True, device_profile: str | None = None,
             scope: str | None = None, host_budget_bytes: int = 0,
             min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
-            release_lag: int = 1,
+            release_lag: int = 1, grads_kept: bool = False,
             offload_tuple_outputs: bool = False,
             dense_storages: bool = False, replay_pointwise: bool = True,
             backend: str = "inductor",
@@ -633,6 +659,14 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     graph's plan says what it predicts (last_plans()[i].forecast()) and where
     the partitioner departed from it (.departures). Without memory_budget:
     the scope policy below.
+    grads_kept: with memory_budget in bytes, the training loop keeps the
+    parameters' .grad from one step to the next (gradient accumulation, or no
+    zero_grad(set_to_none=True) before the step): those gradients are held
+    through the whole step beside the graph's own memory, which never sees
+    them, so their bytes come off the budget before each graph is planned and
+    are added to forecast()["peak_bytes"] (forecast()["outside_bytes"]). Only
+    for an nn.Module. Other memory outside the graph (optimizer state, other
+    models) is the caller's to take off the budget.
     scope: leaf module name whose activations may move ("self_attn", "mlp");
     default "self_attn" without memory_budget, every block with it.
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
@@ -676,6 +710,9 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     if memory_budget is not None:
         budget = _budget_session(memory_budget, allow_offload, allow_recompute, device_profile,
                                  scope, min_bytes, prefetch, release_lag)
+        budget["outside_bytes"] = _kept_grad_bytes(model_or_fn, grads_kept)
+    elif grads_kept is not False:
+        raise ValueError("[compiled] grads_kept applies with memory_budget only")
     if scope is None:
         scope = "self_attn"
     plan_options = {"scope": scope, "host_budget_bytes": host_budget_bytes,
