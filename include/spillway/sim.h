@@ -95,10 +95,14 @@
 //       over the bytes it reads and writes in memory.
 //  (10) Also with SimOptions::inductor_fusion, lifetimes as torch.compile's
 //       compiled autograd function has them: a placeholder of the backward
-//       phase (a tangent) is allocated before its first reader runs and
-//       freed after its last (autograd builds the gradients of the outputs,
-//       zeros for one that gets none, when backward starts, and the compiled
-//       backward drops its arguments as it goes), never if nothing reads it;
+//       phase (a tangent) is allocated before the first backward node that
+//       is no placeholder runs and freed after its last reader (autograd
+//       builds the gradients of all the outputs when backward starts, zeros
+//       for one that gets none, such as a training step's logits and the
+//       attention's key/value cache: 2 GiB of them at T1's peak, measured
+//       on the H200 with the allocator's history, bench/torch/
+//       peak_snapshot.py; the compiled backward drops its arguments as it
+//       goes), never if nothing reads it;
 //       and a storage first produced in forward that the output node reads
 //       and a backward node other than the output reads (the logits the
 //       loss's backward needs) is freed after its last reader that is not

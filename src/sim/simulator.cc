@@ -619,6 +619,17 @@ class Simulation {
   // first reader to their last, and a forward storage the output node returns
   // and a backward node reads lives to its last reader.
   void follow_compiled_lifetimes() {
+    // Autograd hands the compiled backward every tangent at once, zeros for
+    // the outputs no gradient reaches (a training step's logits and the
+    // attention's key/value cache): all are allocated when backward starts.
+    std::int32_t backward_start = -1;
+    for (std::size_t pos = 0; pos < n_; ++pos) {
+      const Node& node = graph_.nodes[pos];
+      if (node.phase == Phase::kBackward && node.kind != NodeKind::kPlaceholder) {
+        backward_start = static_cast<std::int32_t>(pos);
+        break;
+      }
+    }
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       Slot& slot = slots_[s];
       if (slot.tangent && slot.whole_step && !slot.host && !slot.to_end) {
@@ -627,7 +638,8 @@ class Simulation {
           slot.fused = true;  // never read: never allocated
           continue;
         }
-        slot.first = slot.first_read;
+        slot.first = backward_start >= 0 ? std::min(backward_start, slot.first_read)
+                                          : slot.first_read;
         late_allocations_.emplace_back(slot.first, static_cast<std::int32_t>(s));
       } else if (slot.to_end && slot_forward_[s] && slot.backward_compute_read &&
                  !slot.whole_step && !slot.host) {
