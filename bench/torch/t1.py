@@ -59,7 +59,8 @@ BENCHMARKS.md). Methods:
                          spillway-compiled:memory_budget=60%  (the budget planner; the
                          plan's forecast is recorded beside the measurement); a
                          budget in bytes is the whole step's, the gradients t1 keeps
-                         from step to step included (grads_kept=True)
+                         from step to step included (grads_kept=True); with a
+                         budget, offload_materialised=True unless given
 
 --flat-steps N (or the method option flat=N) runs N more steps for spillway
 methods and records, per step,
@@ -224,6 +225,9 @@ def _step_fn(name: str, options: dict, model, device: str):
             # t1 never zeroes the gradients: the previous step's are held through
             # every step beside the graph's memory; a byte budget is the whole step's.
             options["grads_kept"] = True
+        if "memory_budget" in options:
+            # The curve of the README: the fastest mode, not bit-exact (compile's docstring).
+            options.setdefault("offload_materialised", True)
         fn = sc.compile(model, **options)
         def plan_stats():
             plans = sc.last_plans()

@@ -74,6 +74,14 @@ struct BudgetOptions {
   // start, and that state is the baseline: the plan a budget at or above its
   // peak returns (with no edits: the partitioner does it).
   bool partitioner_recomputes_pointwise = false;
+  // torch.compile mode: a pointwise value that a backward node outside
+  // Inductor's kernels reads (a weight-gradient matmul: SiLU(gate) * up, the
+  // projections' normalised inputs) may be offloaded. Off (the default),
+  // no pointwise value is offloaded in that mode, and a plan that recomputes
+  // nothing is bit-equal to plain torch.compile: with it on, a bf16 tiny Llama
+  // on the H200 differed by 4.8e-7 (2026-12-01), as the partitioner of the
+  // plain compile rebuilds some of those values in backward in other kernels.
+  bool offload_materialised = false;
 };
 
 // The verdict on one candidate.

@@ -38,6 +38,7 @@ struct Knobs {
   double budget_fraction = 0;
   bool release_when_copied = false;
   bool timeline = false;
+  bool offload_materialised = false;
 };
 
 BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
@@ -52,6 +53,7 @@ BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
   options.partitioner_recomputes_pointwise = knobs.partitioner;
   options.budget_fraction = knobs.budget_fraction;
   options.release_when_copied = knobs.release_when_copied;
+  options.offload_materialised = knobs.offload_materialised;
   return options;
 }
 
@@ -117,12 +119,13 @@ void init_budget(py::module_& m) {
          bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
          std::int64_t min_bytes, const std::string& profile, bool trace,
          const std::string& svg_title, bool partitioner, double budget_fraction,
-         bool release_when_copied, bool timeline) {
+         bool release_when_copied, bool timeline, bool offload_materialised) {
         Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
                     min_bytes, profile,       trace,           svg_title,        partitioner};
         knobs.budget_fraction = budget_fraction;
         knobs.release_when_copied = release_when_copied;
         knobs.timeline = timeline;
+        knobs.offload_materialised = offload_materialised;
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
@@ -132,7 +135,7 @@ void init_budget(py::module_& m) {
       },
       py::arg("graph_json"), py::arg("budget_bytes"), py::kw_only(), SPILLWAY_BUDGET_KNOB_ARGS,
       py::arg("budget_fraction") = 0.0, py::arg("release_when_copied") = false,
-      py::arg("timeline") = false,
+      py::arg("timeline") = false, py::arg("offload_materialised") = false,
       "Plans keep / offload / recompute for every saved activation of a joint graph (Spillway "
       "graph JSON) so that the simulated peak fits budget_bytes, the fastest such plan "
       "(include/spillway/budget.h). Returns JSON text: budget_bytes, choices (node, name, block, "

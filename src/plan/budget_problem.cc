@@ -339,9 +339,10 @@ void BudgetProblem::probe_candidates() {
     // kernel (which keeps such intermediates in fp32) never does. A bf16 tiny
     // Llama on the H200 lost bit-exactness that way (2026-12-01). A value
     // materialised in backward is written out in its own dtype all the same
-    // (Note [Materialised in backward]).
+    // (Note [Materialised in backward]), and may be offloaded on request
+    // (BudgetOptions::offload_materialised: not bit-exact).
     if (options_.partitioner_recomputes_pointwise && fusible(graph_, node) &&
-        !materialised_in_backward(index_, groups_, node)) {
+        !(options_.offload_materialised && materialised_in_backward(index_, groups_, node))) {
       probe.can_offload = false;
     }
     if (!options_.allow_recompute) continue;
