@@ -3,12 +3,15 @@
 spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
-        --eager bench/results/2026-12-01-t1-eager-budget-v2-h200.json \
-        --compiled bench/results/2026-12-01-t1-compiled-peers-h200.json \
-        --compiled bench/results/2026-12-01-t1-compiled-budget-v3-h200.json
+        --eager bench/results/2026-12-01-t1-eager-budget-v3-h200.json \
+        --eager-peers bench/results/2026-12-01-t1-eager-budget-v2-h200.json \
+        --compiled bench/results/2026-12-01-t1-compiled-budget-v5-h200.json \
+        --compiled bench/results/2026-12-01-t1-compiled-peers-v2-h200.json
 
 --eager and --compiled take t1.py JSON files (--compiled may repeat: each
-file's points are relative to its own `compiled` method); --compiled-log a
+file's points are relative to its own `compiled` method); --eager-peers
+(may repeat) a t1.py JSON whose peers only are drawn, relative to its own
+`none` (an earlier run's peers beside a new Spillway series); --compiled-log a
 t1.py log ("[t1] method: X ms, activation Y GiB" lines), for a run whose JSON
 was not written. x = activation memory above the resident weights (GiB), y =
 step time relative to the run's `none` (eager) or `compiled` method. Points
@@ -102,6 +105,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eager", required=True)
+    parser.add_argument("--eager-peers", action="append", default=[])
     parser.add_argument("--compiled", action="append", default=[])
     parser.add_argument("--compiled-log")
     parser.add_argument("--out", required=True)
@@ -112,7 +116,11 @@ def main() -> int:
     if args.compiled_log:
         compiled += _relative(_from_log(args.compiled_log), "compiled")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    _panel(left, _relative(_from_json(args.eager), "none"), "none",
+    eager = _relative(_from_json(args.eager), "none")
+    for path in args.eager_peers:
+        eager += [p for p in _relative(_from_json(path), "none")
+                  if not p[0].startswith("spillway")]
+    _panel(left, eager, "none",
            "T1 eager, H200 (2026-12-01)", "spillway-eager-budget")
     _panel(right, compiled, "compiled", "T1 torch.compile, H200 (2026-12-01)",
            "spillway-compiled")
