@@ -206,6 +206,7 @@ struct PlanArgs {
   bool no_offload = false;
   bool no_recompute = false;
   bool partitioner = false;
+  bool offload_materialised = false;
   bool release_when_copied = false;
 };
 
@@ -219,6 +220,7 @@ int run_budget(const PlanArgs& args, const std::string& path, const Graph& graph
   options.allow_offload = !args.no_offload;
   options.allow_recompute = !args.no_recompute;
   options.partitioner_recomputes_pointwise = args.partitioner;
+  options.offload_materialised = args.offload_materialised;
   options.release_when_copied = args.release_when_copied;
   options.min_bytes = args.min_bytes;
   options.prefetch_regions = args.prefetch_regions;
@@ -477,6 +479,10 @@ int main_impl(int argc, char** argv) {
   plan->add_flag("--partitioner", plan_args.partitioner,
                  "With --budget/--sweep: plan as for torch.compile, whose partitioner "
                  "recomputes cheap pointwise values by itself at no cost");
+  plan->add_flag("--offload-materialised", plan_args.offload_materialised,
+                 "With --partitioner: pointwise values a backward matmul reads may be offloaded "
+                 "(spillway.compile's offload_materialised: faster at small budgets, not "
+                 "bit-exact)");
   add_sim_options(*plan, plan_args.sim);
 
   SimulateArgs simulate_args;

@@ -200,15 +200,20 @@ TEST(PartitionerMode, AValueABackwardMatmulReadsIsSavedAndMayBeOffloaded) {
   BudgetOptions options = with_budget(std::int64_t{1} << 40);
   options.partitioner_recomputes_pointwise = true;
   options.min_bytes = 0;
-  const BudgetPlan plan = plan_memory_budget(graph, options, CostModel(h200_profile()));
-  const BudgetChoice& saved = choice_named(plan, "silu");
-  EXPECT_FALSE(saved.by_partitioner);
-  EXPECT_EQ(saved.decision, Decision::kKeep);
-  EXPECT_TRUE(saved.can_offload);
-  const BudgetChoice& free = choice_named(plan, "scale");
-  EXPECT_TRUE(free.by_partitioner);
-  EXPECT_EQ(free.decision, Decision::kRecompute);
-  EXPECT_FALSE(free.can_offload);
+  // By default no pointwise value is offloaded under torch.compile (exact);
+  // offload_materialised lets one that a backward matmul reads go.
+  for (bool offload_materialised : {false, true}) {
+    options.offload_materialised = offload_materialised;
+    const BudgetPlan plan = plan_memory_budget(graph, options, CostModel(h200_profile()));
+    const BudgetChoice& saved = choice_named(plan, "silu");
+    EXPECT_FALSE(saved.by_partitioner);
+    EXPECT_EQ(saved.decision, Decision::kKeep);
+    EXPECT_EQ(saved.can_offload, offload_materialised);
+    const BudgetChoice& free = choice_named(plan, "scale");
+    EXPECT_TRUE(free.by_partitioner);
+    EXPECT_EQ(free.decision, Decision::kRecompute);
+    EXPECT_FALSE(free.can_offload);
+  }
 }
 
 // The default search against the exact optimum, on one block's candidates of
