@@ -67,6 +67,13 @@ methods and records, per step,
 the memory allocated at the step's start, its peak, and the pinned pool's
 bytes, to show both stay flat.
 
+--fp32-error runs one more step of each method, its gradients set to None
+first, and compares its loss and gradients with the same weights in fp32 run
+eagerly with nothing saved or recomputed (issue 10: a plan that recomputes is
+judged by this error beside activation_memory_budget's at the same memory).
+The fp32 model and its activations take about twice the bf16 no-offload
+peak on T1, after the measured steps.
+
 --profile DIR profiles one more step of each method with torch.profiler,
 writes its Chrome trace to DIR/<method>.trace.json.gz and adds a summary to
 the results: per CUDA stream the kernel and copy time, the compute stream's
@@ -513,6 +520,43 @@ def _pool_bytes(device: str) -> dict:
     return _C.pool_stats(key)
 
 
+def _fp32_error(model, step, ids, shape: dict, device: str, sync) -> dict:
+    """One more step of the method (its gradients set to None first) against the same
+    weights in fp32, run eagerly with nothing saved or recomputed: the loss's absolute
+    error, and the gradients' error norm over their norm, all parameters together
+    (global) and the worst parameter (max)."""
+    import torch
+
+    reference, _ = _build(shape, device, torch.float32)
+    reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    want = reference(input_ids=ids, labels=ids).loss
+    want.backward()
+    model.zero_grad(set_to_none=True)
+    sync()
+    got = step(ids)
+    got.backward()
+    sync()
+    err2 = ref2 = 0.0
+    worst = 0.0
+    params = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        if p.grad is None or params[name].grad is None:
+            continue
+        g, r = p.grad.float(), params[name].grad
+        diff, norm = float((g - r).norm()) ** 2, float(r.norm()) ** 2
+        err2, ref2 = err2 + diff, ref2 + norm
+        if norm > 0:
+            worst = max(worst, (diff / norm) ** 0.5)
+    out = dict(loss=float(got.detach().float()), loss_fp32=float(want.detach()),
+               loss_abs_error=abs(float(got.detach().float()) - float(want.detach())),
+               grad_rel_error_global=(err2 / ref2) ** 0.5 if ref2 > 0 else 0.0,
+               grad_rel_error_max=worst)
+    del reference, params
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return out
+
+
 def run_one(spec: str, args) -> dict:
     import torch
 
@@ -567,6 +611,8 @@ def run_one(spec: str, args) -> dict:
         loss_first=losses[0], method_stats=stats())
     if args.profile and cuda:
         result["profile"] = _profile_step(one_step, args.profile, spec)
+    if args.fp32_error:
+        result["fp32_error"] = _fp32_error(model, step, ids, shape, device, sync)
     if name.startswith("spillway"):
         result["pool"] = _pool_bytes(device)
         if flat_steps:
@@ -632,6 +678,21 @@ def render(results: list[dict], command: str) -> str:
                  and (r.get("method_stats") or {}).get("forecast")]
     if forecasts:
         out.extend(_render_forecasts(forecasts))
+    errors = [r for r in results if r.get("fp32_error")]
+    if errors:
+        out.append("\nAgainst the same weights in fp32 (eager, nothing saved), one more step "
+                   "(--fp32-error): gradient error = norm of the difference over the fp32 "
+                   "norm, all parameters together and the worst one:\n")
+        out.append("| method | peak GiB | loss | fp32 loss | loss error | gradient error "
+                   "(global) | gradient error (worst parameter) |")
+        out.append("|---|---|---|---|---|---|---|")
+        for r in errors:
+            e = r["fp32_error"]
+            peak = r.get("peak_allocated_gib")
+            peak = f"{peak:.2f}" if peak is not None else "-"
+            out.append(f"| {r['method']} | {peak} | {e['loss']:.6f} | "
+                       f"{e['loss_fp32']:.6f} | {e['loss_abs_error']:.2e} | "
+                       f"{e['grad_rel_error_global']:.3e} | {e['grad_rel_error_max']:.3e} |")
     profiled = [r for r in results if r.get("profile")]
     if profiled:
         out.extend(_render_profiles(profiled, base))
@@ -732,6 +793,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=300, help="seconds per method")
     parser.add_argument("--profile", metavar="DIR",
                         help="profile one more step per method; traces go to DIR")
+    parser.add_argument("--fp32-error", action="store_true",
+                        help="after the measured steps, one more step of each method against "
+                             "the same weights in fp32 (eager, nothing saved): loss and gradient "
+                             "errors in the results")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     parser.add_argument("--one", help=argparse.SUPPRESS)

@@ -24,37 +24,34 @@ namespace {
 
 using nlohmann::json;
 
+// What a call asks for: the planner's options, and beside them the device
+// profile and the outputs the Python side wants.
 struct Knobs {
-  std::string scope;
-  bool allow_offload = true;
-  bool allow_recompute = true;
-  int prefetch_regions = 1;
-  int release_lag = 1;
-  std::int64_t min_bytes = 1 << 20;
+  BudgetOptions options;
   std::string device_profile_json;
   bool trace = false;
   std::string svg_title;
-  bool partitioner = false;
-  double budget_fraction = 0;
-  bool release_when_copied = false;
   bool timeline = false;
-  bool offload_materialised = false;
 };
 
-BudgetOptions options_of(const Knobs& knobs, std::int64_t budget) {
-  BudgetOptions options;
-  options.budget_bytes = budget;
-  options.scope = knobs.scope;
-  options.allow_offload = knobs.allow_offload;
-  options.allow_recompute = knobs.allow_recompute;
-  options.prefetch_regions = knobs.prefetch_regions;
-  options.release_lag = knobs.release_lag;
-  options.min_bytes = knobs.min_bytes;
-  options.partitioner_recomputes_pointwise = knobs.partitioner;
-  options.budget_fraction = knobs.budget_fraction;
-  options.release_when_copied = knobs.release_when_copied;
-  options.offload_materialised = knobs.offload_materialised;
-  return options;
+// The keyword arguments every planner function here shares
+// (SPILLWAY_BUDGET_KNOB_ARGS, in this order).
+Knobs knobs_of(const std::string& scope, bool allow_offload, bool allow_recompute,
+               int prefetch_regions, int release_lag, std::int64_t min_bytes,
+               const std::string& profile, bool trace, const std::string& svg_title,
+               bool partitioner) {
+  Knobs knobs;
+  knobs.options.scope = scope;
+  knobs.options.allow_offload = allow_offload;
+  knobs.options.allow_recompute = allow_recompute;
+  knobs.options.prefetch_regions = prefetch_regions;
+  knobs.options.release_lag = release_lag;
+  knobs.options.min_bytes = min_bytes;
+  knobs.options.partitioner_recomputes_pointwise = partitioner;
+  knobs.device_profile_json = profile;
+  knobs.trace = trace;
+  knobs.svg_title = svg_title;
+  return knobs;
 }
 
 CostModel cost_of(const Knobs& knobs) {
@@ -120,16 +117,17 @@ void init_budget(py::module_& m) {
          std::int64_t min_bytes, const std::string& profile, bool trace,
          const std::string& svg_title, bool partitioner, double budget_fraction,
          bool release_when_copied, bool timeline, bool offload_materialised) {
-        Knobs knobs{scope,     allow_offload, allow_recompute, prefetch_regions, release_lag,
-                    min_bytes, profile,       trace,           svg_title,        partitioner};
-        knobs.budget_fraction = budget_fraction;
-        knobs.release_when_copied = release_when_copied;
+        Knobs knobs = knobs_of(scope, allow_offload, allow_recompute, prefetch_regions,
+                               release_lag, min_bytes, profile, trace, svg_title, partitioner);
+        knobs.options.budget_bytes = budget_bytes;
+        knobs.options.budget_fraction = budget_fraction;
+        knobs.options.release_when_copied = release_when_copied;
+        knobs.options.offload_materialised = offload_materialised;
         knobs.timeline = timeline;
-        knobs.offload_materialised = offload_materialised;
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
-          const BudgetPlan plan = plan_memory_budget(graph, options_of(knobs, budget_bytes), cost);
+          const BudgetPlan plan = plan_memory_budget(graph, knobs.options, cost);
           return plan_json(plan, knobs, true).dump();
         });
       },
@@ -159,14 +157,15 @@ void init_budget(py::module_& m) {
          const std::string& scope, bool allow_offload, bool allow_recompute, int prefetch_regions,
          int release_lag, std::int64_t min_bytes, const std::string& profile, bool trace,
          const std::string& svg_title, bool partitioner) {
-        const Knobs knobs{scope,   allow_offload, allow_recompute, prefetch_regions, release_lag,
-                          min_bytes, profile,     trace,           svg_title,        partitioner};
+        Knobs knobs = knobs_of(scope, allow_offload, allow_recompute, prefetch_regions,
+                               release_lag, min_bytes, profile, trace, svg_title, partitioner);
+        knobs.options.budget_bytes = 1;  // sweep_memory_budget sets each budget
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
           json out = json::array();
           for (const BudgetPlan& plan :
-               sweep_memory_budget(graph, options_of(knobs, 1), cost, budgets)) {
+               sweep_memory_budget(graph, knobs.options, cost, budgets)) {
             out.push_back(plan_json(plan, knobs, false));
           }
           return out.dump();
