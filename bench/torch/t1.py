@@ -547,8 +547,8 @@ def _fp32_error(model, step, ids, shape: dict, device: str, sync) -> dict:
         err2, ref2 = err2 + diff, ref2 + norm
         if norm > 0:
             worst = max(worst, (diff / norm) ** 0.5)
-    out = dict(loss=float(got.detach().float()), loss_fp32=float(want.detach()),
-               loss_abs_error=abs(float(got.detach().float()) - float(want.detach())),
+    loss, loss_fp32 = float(got.detach().float()), float(want.detach())
+    out = dict(loss=loss, loss_fp32=loss_fp32, loss_abs_error=abs(loss - loss_fp32),
                grad_rel_error_global=(err2 / ref2) ** 0.5 if ref2 > 0 else 0.0,
                grad_rel_error_max=worst)
     del reference, params

@@ -333,6 +333,8 @@ void BudgetProblem::probe_candidates() {
     const Node& node = index_.node(id);
     Probe& probe = probes[i];
     probe.can_offload = options_.allow_offload;
+    const bool partitioner = options_.partitioner_recomputes_pointwise;
+    const bool materialised = partitioner && materialised_in_backward(index_, groups_, node);
     // Under Inductor a fusible value is computed inside its readers' kernels
     // and never lands in memory of its own. Offloading it would make it: bytes
     // a fused kernel rebuilds for free, and, in 16-bit, a rounding the fused
@@ -341,8 +343,7 @@ void BudgetProblem::probe_candidates() {
     // materialised in backward is written out in its own dtype all the same
     // (Note [Materialised in backward]), and may be offloaded on request
     // (BudgetOptions::offload_materialised: not bit-exact).
-    if (options_.partitioner_recomputes_pointwise && fusible(graph_, node) &&
-        !(options_.offload_materialised && materialised_in_backward(index_, groups_, node))) {
+    if (partitioner && fusible(graph_, node) && !(options_.offload_materialised && materialised)) {
       probe.can_offload = false;
     }
     if (!options_.allow_recompute) continue;
@@ -359,16 +360,13 @@ void BudgetProblem::probe_candidates() {
         if (!storage) continue;
         auto it = candidate_of_storage.find(*storage);
         if (it != candidate_of_storage.end() && it->second != i &&
-            std::find(probe.reads.begin(), probe.reads.end(), candidates_[it->second]) ==
-                probe.reads.end()) {
-          probe.reads.push_back(candidates_[it->second]);
+            std::find(probe.reads.begin(), probe.reads.end(), it->second) == probe.reads.end()) {
+          probe.reads.push_back(it->second);
         }
       }
     }
     if (!probe.can_recompute) probe.producers.clear();
-    probe.free_recompute = probe.can_recompute && pointwise &&
-                           options_.partitioner_recomputes_pointwise &&
-                           !materialised_in_backward(index_, groups_, node);
+    probe.free_recompute = probe.can_recompute && pointwise && partitioner && !materialised;
   }
 
   // A candidate the plan can neither offload nor recompute is no candidate:
@@ -377,20 +375,19 @@ void BudgetProblem::probe_candidates() {
   // backward or not (the fp32 upcast of a bf16 residual that backward never
   // reads). Left as a candidate, the simulation would keep it whole.
   std::vector<NodeId> kept;
-  std::unordered_map<NodeId, int> index_of;
+  std::vector<int> index_of(candidates_.size(), -1);  // old index -> new, -1: dropped
   for (std::size_t i = 0; i < candidates_.size(); ++i) {
     if (!probes[i].can_offload && !probes[i].can_recompute) continue;
-    index_of.emplace(candidates_[i], static_cast<int>(kept.size()));
+    index_of[i] = static_cast<int>(kept.size());
     kept.push_back(candidates_[i]);
     probes_.push_back(std::move(probes[i]));
   }
   for (Probe& probe : probes_) {
-    std::vector<int> reads;
-    for (NodeId read : probe.reads) {
-      auto it = index_of.find(read);
-      if (it != index_of.end()) reads.push_back(it->second);
+    std::vector<std::size_t> reads;
+    for (std::size_t old : probe.reads) {
+      if (index_of[old] >= 0) reads.push_back(static_cast<std::size_t>(index_of[old]));
     }
-    probe.read_indices = std::move(reads);
+    probe.reads = std::move(reads);
   }
   candidates_ = std::move(kept);
 }
@@ -456,7 +453,7 @@ void BudgetProblem::build_model() {
     c.can_offload = probe.can_offload;
     c.can_recompute = probe.can_recompute;
     c.free_recompute = probe.free_recompute;
-    c.recompute_reads = probe.read_indices;
+    c.recompute_reads.assign(probe.reads.begin(), probe.reads.end());
     c.last_forward = forward_wait_position(index_, facts.lifetime);
     c.offload_release = c.last_forward;
     c.release_lag = options_.release_lag;

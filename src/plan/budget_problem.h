@@ -83,8 +83,7 @@ class BudgetProblem {
     bool can_recompute = false;
     bool free_recompute = false;  // BudgetOptions::partitioner_recomputes_pointwise
     std::vector<std::size_t> producers;  // positions the recompute runs
-    std::vector<NodeId> reads;           // candidates it reads
-    std::vector<int> read_indices;       // the same, as indices into candidates_
+    std::vector<std::size_t> reads;      // candidates it reads, as indices into candidates_
   };
   std::vector<NodeId> candidates_;  // graph order; each allows offload or recompute
   std::vector<Probe> probes_;       // per candidate

@@ -301,10 +301,11 @@ class _Session:
         # partitioner's own recomputes, what plain torch.compile would peak at.
         fraction = spec[1] if spec[0] == "fraction" else 0.0
         outside = self.budget["outside_bytes"]
-        budget = budget_bytes(spec, 0) - outside if spec[0] == "bytes" else 0
+        requested = budget_bytes(spec, 0) if spec[0] == "bytes" else 0
+        budget = requested - outside if spec[0] == "bytes" else 0
         if spec[0] == "bytes" and budget <= 0:
             raise _PlanRejected(ValueError(
-                f"memory_budget {budget_bytes(spec, 0) / 2**30:.2f} GiB is no more than the "
+                f"memory_budget {requested / 2**30:.2f} GiB is no more than the "
                 f"{outside / 2**30:.2f} GiB of gradients kept between steps (grads_kept): "
                 "nothing is left for the step's graph"))
         try:
