@@ -433,12 +433,18 @@ def _eager_budget(model, device: str, options: dict, plain):
             out["forecast"] = plan.forecast()
             out["calibration"] = plan.calibration
             out["prefetch"] = plan.prefetch
-            out["choices"] = [dict(block=c.block, saved=c.saved, input=c.input, lag=c.lag,
-                                   saved_bytes=c.saved_bytes, forward_ms=round(c.forward_ms, 3),
+            calls = plan.profile.calls
+            out["choices"] = [dict(block=c.block, saved=c.saved, cheap=c.cheap, input=c.input,
+                                   lag=c.lag, saved_bytes=c.saved_bytes,
+                                   cheap_bytes=c.cheap_bytes,
+                                   cheap_ms=round(calls[c.call].cheap_ms, 3),
+                                   forward_ms=round(c.forward_ms, 3),
                                    backward_ms=round(c.backward_ms, 3)) for c in plan.choices]
             mix: dict = {}
             for c in plan.choices:
-                key = c.saved + ("+input-offload" if c.input == "offload" else "")
+                key = c.saved + ("" if c.cheap == c.saved or c.saved == "recompute"
+                                 else f"+cheap-{c.cheap}")
+                key += "+input-offload" if c.input == "offload" else ""
                 mix[key] = mix.get(key, 0) + 1
             out["decision_mix"] = mix
         return out

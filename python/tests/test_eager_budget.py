@@ -381,6 +381,136 @@ def test_scope_restricts_the_blocks():
     assert [c.block for c in ctx.plan.choices] == [f"model.layers.{i}.mlp" for i in range(3)]
 
 
+# ---- selective recompute (_recipes.py) --------------------------------------
+
+
+_COMBINATIONS = [("keep", "recompute"), ("offload", "recompute"), ("keep", "offload"),
+                 ("offload", "keep")]
+
+
+@pytest.mark.parametrize("saved, cheap", _COMBINATIONS)
+@pytest.mark.parametrize("name", ["llama", "gpt2-dropout"])
+def test_rebuildable_tensors_go_their_own_way_bit_exactly(name, saved, cheap, no_leaks):
+    """Each block's rebuildable saved tensors (SiLU(gate), SiLU * up, the normalised
+    inputs: C_k) kept, offloaded or rebuilt apart from the rest (S_k): loss and gradients
+    bit-equal on every step, and the bytes go where the policy says."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    work = WORKLOADS[name]()
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    cheap_bytes = sum(c.cheap_bytes for c in ctx.plan.profile.calls)
+    assert cheap_bytes > 0 and all(
+        0 < c.cheap_bytes < c.saved_bytes and c.cheap_ms >= 0 for c in ctx.plan.profile.calls)
+    ctx._policies = [_CallPolicy(checkpoint=False, offload_saved=saved == "offload",
+                                 offload_input=False, lag=0, cheap=cheap)
+                     for _ in ctx._policies]
+    before = ctx.stats()
+    steps = 3
+    _run(work, ctx, steps=steps)
+    stats = ctx.stats()
+    moved = stats["bytes_offloaded"] - before["bytes_offloaded"]
+    rebuilt = stats["tensors_recomputed"] - before["tensors_recomputed"]
+    assert (rebuilt > 0) == (cheap == "recompute"), stats
+    if (saved, cheap) == ("keep", "offload"):
+        assert moved == steps * cheap_bytes, (moved, cheap_bytes)  # exactly C_k, every step
+    elif (saved, cheap) == ("keep", "recompute"):
+        assert moved == 0
+    else:
+        assert moved > 0
+
+
+def test_the_block_graph_splits_the_rebuildable_bytes_and_the_plan_maps_them():
+    from spillway.activations._budget_graph import BlockCall, StepProfile, block_graph
+    from spillway.activations._eager_budget import BudgetedOffload
+
+    calls = [BlockCall(block=k, path=f"layers.{k}", forward_ms=5.0, backward_ms=15.0,
+                       saved_bytes=1000 << 20, input_bytes=64 << 20, output_bytes=64 << 20,
+                       cheap_bytes=(400 << 20) if k else 0, cheap_ms=0.5)
+             for k in range(3)]
+    profile = StepProfile(calls=calls)
+    graph = block_graph(profile, resident_bytes=1 << 30, offset_bytes=0)
+    nodes = {n["name"]: n for n in graph["nodes"]}
+    assert "b0_cheap" not in nodes  # nothing to split off
+    assert nodes["b1_forward"]["value"]["sizes"] == [1, 600 << 20]
+    assert nodes["b1_forward"]["time_ms"] == 4.5
+    assert nodes["b1_cheap"]["value"]["sizes"] == [1, 400 << 20]
+    assert nodes["b1_cheap"]["args"] == [{"node": nodes["b1_forward"]["id"]}]
+    assert nodes["b1_backward"]["target"] == "eager_block.backward_split.default"
+    checkpointed = block_graph(profile, resident_bytes=1 << 30, offset_bytes=0,
+                               checkpointed=True)
+    assert not any(n["name"].endswith("_cheap") for n in checkpointed["nodes"])
+
+    result = {"choices": [
+        {"name": "b1_forward", "decision": "keep"},
+        {"name": "b1_cheap", "decision": "recompute"},
+        {"name": "b2_forward", "decision": "recompute"},
+        {"name": "b2_cheap", "decision": "keep"}]}
+    policies, choices = BudgetedOffload._policies_of(result, profile)
+    assert [p.cheap for p in policies] == [None, "recompute", None]
+    assert [p.checkpoint for p in policies] == [False, False, True]  # S_2 recompute wins
+    assert [(c.saved, c.cheap) for c in choices] == [
+        ("keep", "keep"), ("keep", "recompute"), ("recompute", "keep")]
+    # With a cheap rebuild, a budget between "everything kept" and "checkpoint" is met by
+    # rebuilding C_k, not by checkpointing a block.
+    text = json.dumps(graph)
+    baseline = json.loads(_C.simulate_graph(text))["peak_bytes"]
+    result = json.loads(_C.plan_memory_budget(text, baseline - (300 << 20), min_bytes=0,
+                                              allow_offload=False, release_when_copied=True))
+    decisions = {c["name"]: c["decision"] for c in result["choices"]}
+    assert "recompute" in {decisions["b1_cheap"], decisions["b2_cheap"]}, decisions
+    assert decisions["b0_forward"] == decisions["b1_forward"] == decisions["b2_forward"] == "keep"
+
+
+def _rebuilding_block(mutate: str):
+    """A block whose SiLU output is rebuildable; `mutate` writes a saved tensor in place."""
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = torch.nn.Linear(D, 2 * D, bias=False)
+            self.up = torch.nn.Linear(D, 2 * D, bias=False)
+            self.down = torch.nn.Linear(2 * D, D, bias=False)
+
+        def forward(self, x):
+            g = self.gate(x)
+            s = torch.nn.functional.silu(g)
+            h = s * self.up(x)
+            out = self.down(h)
+            if mutate == "rebuilt":
+                s.mul_(2)  # SiLU(g), saved by the product, rebuilt in backward
+            return x + out
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        return torch.nn.Sequential(Mlp(), Mlp())
+
+
+def test_a_rebuilt_tensor_written_in_place_fails_as_autograd_does(no_leaks):
+    from spillway.activations._eager_budget import _CallPolicy
+
+    model = _rebuilding_block("rebuilt")
+    x = _input(9, 64)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as plain:
+        model(x).square().mean().backward()
+    work = _Toy(model, x)
+    ctx = _budget_ctx(work, 1.0)
+    model.zero_grad(set_to_none=True)
+    with ctx:
+        loss = work.loss()
+    loss.backward()  # the profiling step: the checkpoint's recompute writes s again
+    ctx._profiled.append(ctx._recording)
+    ctx._recording = None
+    ctx._make_plan()
+    ctx._policies = [_CallPolicy(False, False, False, cheap="recompute")] * len(ctx._policies)
+    with ctx:
+        loss = work.loss()
+    assert ctx.stats()["tensors_recomputed"] > 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as ours:
+        loss.backward()
+    # The same message up to the tensor's type and size (autograd adds which node made it).
+    assert str(ours.value).split("]]")[0] == str(plain.value).split("]]")[0]
+
+
 # ---- errors -----------------------------------------------------------------
 
 
@@ -483,3 +613,55 @@ def test_cuda_profiling_step_peaks_below_a_plain_step_and_stays_bit_equal():
         # but for the gaps between marks (work outside the model call, launches).
         assert abs(calibration["simulated_step_ms"] / calibration["measured_step_ms"] - 1) < 0.1
         assert planned_peak < plain_peak
+
+
+@needs_cuda
+def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
+    """bf16 Llama on the GPU: every block keeps its matmul inputs and attention outputs
+    and rebuilds SiLU(gate), SiLU * up and the normalised inputs in backward (or offloads
+    them, or offloads the rest and rebuilds them from its reloads). Bit-equal on every
+    step; rebuilding lowers the step's peak by about what the profile said they hold, and
+    the rebuild ops take about the time it measured."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    with deterministic_cuda():
+        model, ids = tiny_llama(5, device="cuda", dtype=torch.bfloat16, layers=6, hidden=512,
+                                intermediate=2048, heads=8, kv_heads=4, batch=4, seq=1024)
+        work = _Hf(model, ids)
+
+        def step(ctx):
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            torch.manual_seed(0)
+            if ctx is None:
+                loss = work.loss()
+            else:
+                with ctx:
+                    loss = work.loss()
+            loss.backward()
+            torch.cuda.synchronize()
+            return loss.detach(), _grads(model), torch.cuda.max_memory_allocated()
+
+        step(None)
+        ref_loss, ref_grads, plain_peak = step(None)
+        ctx = offload_activations(model, memory_budget=1.0)
+        for k in range(3):  # two profiling steps, then the plan: everything kept
+            loss, grads, kept_peak = step(ctx)
+            _assert_same(loss, grads, ref_loss, ref_grads, k)
+        calls = ctx.plan.profile.calls
+        cheap = sum(c.cheap_bytes for c in calls)
+        assert all(c.cheap_bytes > 0 and 0 < c.cheap_ms < c.forward_ms for c in calls), calls
+        peaks = {}
+        for saved, rebuilt in [("keep", "recompute"), ("offload", "recompute"),
+                               ("keep", "offload")]:
+            ctx._policies = [_CallPolicy(False, saved == "offload", False, lag=0, cheap=rebuilt)
+                             for _ in calls]
+            for k in range(2):
+                loss, grads, peaks[saved, rebuilt] = step(ctx)
+                _assert_same(loss, grads, ref_loss, ref_grads, k)
+        assert ctx.stats()["tensors_recomputed"] > 0
+        saved_by_rebuild = kept_peak - peaks["keep", "recompute"]
+        assert 0.8 * cheap <= saved_by_rebuild <= 1.05 * cheap, (saved_by_rebuild, cheap)
+        assert peaks["offload", "recompute"] < peaks["keep", "recompute"]

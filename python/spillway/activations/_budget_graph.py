@@ -12,7 +12,13 @@ bytes; this module writes them as a graph whose nodes stand for whole blocks:
       b{k}_input(X_k-1)   -> token  4 bytes, time 0 (see block_graph)
       b{k}_forward(token) -> S_k    everything the block saves for backward,
                                     one uint8 [1, bytes] tensor; time = forward
-      b{k}_output(S_k)    -> X_k    the block output, time 0, with the module
+                                    (where C_k is split off: the rest, and
+                                    forward - cheap)
+      b{k}_cheap(S_k)     -> C_k    where a block has both: the saved tensors
+                                    a selective recompute rebuilds from the
+                                    rest (_recipes.py); time = the ops that
+                                    rebuild them
+      b{k}_output(C_k)    -> X_k    the block output, time 0, with the module
                                     stack of block k+1 (whose input it is)
     post_forward(X_last) -> post_saved; loss(post_saved) -> loss
     post_backward(post_saved, loss) -> G_last; other_param_grads(G_last)
@@ -22,7 +28,10 @@ bytes; this module writes them as a graph whose nodes stand for whole blocks:
     pre_backward(pre_saved, G_-1); output(loss, every dW)
 
 The planner's candidates are then S_k (keep / offload / recompute: rebuild
-S_k by running b{k}_forward again from X_k-1, i.e. checkpoint the block) and
+S_k by running b{k}_forward again from X_k-1, i.e. checkpoint the block), C_k
+(keep / offload / recompute from S_k: the block runs under _recipes.Recorder;
+with S_k recomputed the block is checkpointed whatever C_k's choice, and the
+plan counted C_k as held or moved, more than the run holds or moves) and
 X_k (keep / offload; X_k-1 offloaded with S_k recomputed is a checkpointed
 block whose saved input goes to host memory). b{k}_output's schema says
 `random` only to forbid recomputing X_k: in eager a block output cannot be
@@ -54,11 +63,13 @@ _OPS = {
     "pre": (["resident"], False),
     "input": (["input"], False),
     "forward": (["input"], False),
+    "cheap": (["saved"], False),
     "output": (["saved"], True),  # never recomputed: see the module docstring
     "post": (["input"], False),
     "loss": (["saved"], True),
     "post_backward": (["saved", "loss"], False),
     "backward": (["saved", "input", "grad_output"], False),
+    "backward_split": (["saved", "cheap", "input", "grad_output"], False),
     "param_grads": (["grad_input"], False),
     "pre_backward": (["saved", "grad_output"], False),
 }
@@ -76,6 +87,11 @@ class BlockCall:
     input_bytes: int = 0       # the storage of its first tensor input (the hidden state)
     output_bytes: int = 0      # the storage of its first tensor output
     new_grad_bytes: int = 0    # .grad storages its backward allocates (grads None before)
+    # Of saved_bytes, the storages a selective recompute rebuilds from the rest
+    # (_recipes.py), and the time of the ops that rebuild them.
+    cheap_bytes: int = 0
+    cheap_ms: float = 0.0
+    cheap_marks: list = field(default_factory=list, repr=False)  # clock marks until timed
 
     def plain_backward_ms(self) -> float:
         """Backward time without the checkpoint's recompute (measured as recompute + backward)."""
@@ -177,13 +193,20 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
         # then the token, so an offload of X_k-1, whose forward wait takes that last use
         # as an argument (offload_rewrite.h), does not hold S_k up to it.
         token = w.op("input", [x], "forward", stacks[k], 4, 0.0, f"b{k}_input")
-        s = w.op("forward", [token], "forward", stacks[k], call.saved_bytes, call.forward_ms,
-                 f"b{k}_forward")
-        saved.append(s)
+        if not checkpointed and 0 < call.cheap_bytes < call.saved_bytes:
+            s = w.op("forward", [token], "forward", stacks[k],
+                     call.saved_bytes - call.cheap_bytes,
+                     max(0.0, call.forward_ms - call.cheap_ms), f"b{k}_forward")
+            c = w.op("cheap", [s], "forward", stacks[k], call.cheap_bytes, call.cheap_ms,
+                     f"b{k}_cheap")
+        else:
+            s = c = w.op("forward", [token], "forward", stacks[k], call.saved_bytes,
+                         call.forward_ms, f"b{k}_forward")
+        saved.append((s, c))
         # X_k is the next block's input: it carries that block's stack, so the planner's
         # regions (release lag, reload lead) count from the block that saves it.
         x_stack = stacks[k + 1] if k + 1 < len(profile.calls) else stacks[k]
-        x = w.op("output", [s], "forward", x_stack, call.output_bytes, 0.0, f"b{k}_output")
+        x = w.op("output", [c], "forward", x_stack, call.output_bytes, 0.0, f"b{k}_output")
     post_saved = w.op("post", [x], "forward", [], profile.post_saved_bytes,
                       profile.post_forward_ms, "post_forward")
     loss = w.op("loss", [post_saved], "forward", [], 4, 0.0, "loss")
@@ -194,15 +217,19 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
                   profile.other_new_grad_bytes, 0.0, "other_param_grads")]
     for k in reversed(range(len(profile.calls))):
         call = profile.calls[k]
-        s = saved[k]
+        s, c = saved[k]
         if checkpointed:
             token = w.op("input", [inputs[k]], "backward", stacks[k], 4, 0.0,
                          f"b{k}_recompute_input")
             s = w.op("forward", [token], "backward", stacks[k], call.saved_bytes,
                      call.forward_ms, f"b{k}_recompute")
         grad_in_bytes = profile.calls[k - 1].output_bytes if k > 0 else first_input
-        grad = w.op("backward", [s, inputs[k], grad], "backward", stacks[k], grad_in_bytes,
-                    call.plain_backward_ms(), f"b{k}_backward")
+        if c != s:
+            grad = w.op("backward_split", [s, c, inputs[k], grad], "backward", stacks[k],
+                        grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
+        else:
+            grad = w.op("backward", [s, inputs[k], grad], "backward", stacks[k],
+                        grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
         grads.append(w.op("param_grads", [grad], "backward", stacks[k],
                           call.new_grad_bytes, 0.0, f"b{k}_param_grads"))
     done = w.op("pre_backward", [pre_saved, grad], "backward", [], 4,

@@ -79,6 +79,7 @@ from torch.utils.checkpoint import checkpoint
 
 from spillway import _budget
 from spillway.activations import eager
+from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of
 from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
                                                 calibration_offset, placeholder_bytes)
 
@@ -186,6 +187,11 @@ class BlockChoice:
     input_bytes: int
     forward_ms: float
     backward_ms: float          # without recompute
+    # The saved tensors a selective recompute can rebuild (_recipes.py), part of
+    # saved_bytes: "keep" | "offload" | "recompute" (rebuilt in backward from the rest);
+    # with saved == "recompute" the whole block is checkpointed whatever this says.
+    cheap: str = "keep"
+    cheap_bytes: int = 0
 
     @property
     def checkpoint(self) -> bool:
@@ -199,6 +205,13 @@ class _CallPolicy:
     offload_input: bool
     input_keys: frozenset = frozenset()
     lag: int | None = None  # the release lag of what the call offloads; None: the context's
+    # The rebuildable saved tensors (_recipes.py): None: as the rest (no recorder);
+    # "keep" | "offload" | "recompute" otherwise.
+    cheap: str | None = None
+
+    @property
+    def offload_cheap(self) -> bool:
+        return self.offload_saved if self.cheap is None else self.cheap == "offload"
 
 
 class EagerBudgetPlan:
@@ -257,7 +270,9 @@ class EagerBudgetPlan:
     def __repr__(self) -> str:
         mix = {}
         for c in self.choices:
-            key = c.saved + ("+input offload" if c.input == "offload" else "")
+            key = c.saved + ("" if c.cheap == c.saved or c.saved == "recompute"
+                             else f"+cheap {c.cheap}")
+            key += "+input offload" if c.input == "offload" else ""
             mix[key] = mix.get(key, 0) + 1
         f = self.forecast()
         return (f"EagerBudgetPlan(budget={self.budget_bytes / 2**30:.2f} GiB, {mix}, "
@@ -310,6 +325,9 @@ class _Recording:
         ms = self.clock.ms
         for call, mark in zip(self.calls, self.marks):
             call.forward_ms = ms(mark["fwd_start"], mark["fwd_end"])
+            if call.cheap_marks:
+                call.cheap_ms = sum(ms(a, b) for a, b in call.cheap_marks)
+                call.cheap_marks = []
             start, end = mark.get("bwd_start"), mark.get("bwd_end") or self.backward_end
             call.backward_ms = ms(start, end) if start is not None and end is not None else None
         per_call, other = grads
@@ -377,6 +395,11 @@ class BudgetedOffload(eager.OffloadActivations):
         self._layer_policy: dict[int, _CallPolicy] = {}
         self._saved_forwards: list = []
         self._warned_cache = False
+        # The block call running under a Recorder (plan mode, a policy with `cheap`):
+        # its RecipeScope and policy; the store's classification of the tensor being packed.
+        self._recipes: tuple[RecipeScope, _CallPolicy] | None = None
+        self._packing_cheap = False
+        self._recomputed = {"tensors_recomputed": 0, "bytes_recomputed": 0}
 
     # ---- context ------------------------------------------------------------
 
@@ -501,7 +524,8 @@ class BudgetedOffload(eager.OffloadActivations):
         if self._pass_mode == "plan" and ordinal < len(self._policies):
             policy = self._policies[ordinal]
         self._call_state = (ordinal, self._pass_mode, policy)
-        if policy is None or not (policy.offload_saved or policy.offload_input):
+        if policy is None or not (policy.offload_saved or policy.offload_input
+                                  or policy.offload_cheap):
             return False
         keys = frozenset(k for k in map(_storage_key, _tensors(args)) if k is not None)
         self._layer_policy[self._next_layer] = dataclasses.replace(policy, input_keys=keys)
@@ -515,7 +539,9 @@ class BudgetedOffload(eager.OffloadActivations):
             policy = self._layer_policy.get(self._current.index)
             if policy is not None:
                 is_input = _storage_key(t) in policy.input_keys
-                if not (policy.offload_input if is_input else policy.offload_saved):
+                offload = (policy.offload_input if is_input else
+                           policy.offload_cheap if self._packing_cheap else policy.offload_saved)
+                if not offload:
                     reason = "layer_not_selected"  # the plan keeps this part of the layer
         return reason
 
@@ -539,6 +565,8 @@ class BudgetedOffload(eager.OffloadActivations):
                 self._warn_cache(kwargs)
                 out = checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
                                  **kwargs)
+            elif policy is not None and policy.cheap is not None:
+                out = self._recorded_call(policy, original, args, kwargs)
             else:
                 out = original(*args, **kwargs)
             if mode == "plan":
@@ -546,13 +574,51 @@ class BudgetedOffload(eager.OffloadActivations):
             return out
         return forward
 
+    def _param_ptrs(self) -> set[int]:
+        return {t.untyped_storage().data_ptr()
+                for t in (*self._model.parameters(), *self._model.buffers())}
+
+    def _recorded_call(self, policy: _CallPolicy, original, args, kwargs):
+        """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py)."""
+        recorder = Recorder(self._param_ptrs())
+        self._recipes = (RecipeScope(recorder), policy)
+        try:
+            with recorder:
+                return original(*args, **kwargs)
+        finally:
+            self._recipes = None
+
+    def _pack(self, t):
+        recipes = self._recipes
+        if recipes is None or self._in_backward() or isinstance(t, nn.Parameter):
+            return super()._pack(t)
+        scope, policy = recipes
+        node = scope.node_for(t) if t.device == self._device else None
+        if node is not None and policy.cheap == "recompute":
+            with self._lock:
+                self._recomputed["tensors_recomputed"] += 1
+                self._recomputed["bytes_recomputed"] += t.untyped_storage().nbytes()
+            return Recipe(self, node, t)
+        self._packing_cheap = node is not None
+        try:
+            packed = super()._pack(t)
+        finally:
+            self._packing_cheap = False
+        scope.note_packed(t, packed)
+        return packed
+
+    def _unpack(self, packed):
+        if isinstance(packed, Recipe) and packed.owner is self:
+            return packed.unpack(self._unpack)
+        return super()._unpack(packed)
+
     def _hook_prefetch(self, out) -> None:
         """Backward reaching this call's output starts the reloads of the `prefetch` calls
         before it: the store's own trigger, an unpack, only fires in calls that offloaded
         something, and a kept or checkpointed call between them must trigger too."""
         layer = self._current
         if layer is None or self._prefetch == 0 or not any(
-                p.offload_saved or p.offload_input for p in self._policies):
+                p.offload_saved or p.offload_input or p.offload_cheap for p in self._policies):
             return
         grad_output = next((t for t in _tensors(out) if t.requires_grad), None)
         if grad_output is not None:
@@ -629,18 +695,32 @@ class BudgetedOffload(eager.OffloadActivations):
             return original(*args, **kwargs)
         outer_pack, outer_unpack = top
         rec, seen = self._recording, {}
+        # Which saved storages a selective recompute could rebuild (_recipes.py), and
+        # the recorded ops it would run again (timed on the clock).
+        recorder = Recorder(self._param_ptrs(), self._clock)
+        scope = RecipeScope(recorder, share_handles=False)
+        cheap: dict = {}
+        ops: dict[int, object] = {}
 
         def pack(t):
             key = _storage_key(t)
             if key is not None and key not in rec.params and t.device == self._device:
                 seen[key] = t.untyped_storage().nbytes()
+                node = scope.node_for(t)
+                cheap[key] = cheap.get(key, True) and node is not None
+                if node is not None:
+                    ops.update((id(n), n) for n in nodes_of(node))
+                else:
+                    scope.note_packed(t, t)
             return outer_pack(t)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack):
+        with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack), recorder:
             out = original(*args, **kwargs)
         output_keys = {k for k in map(_storage_key, _tensors(out)) if k is not None}
-        call.saved_bytes = sum(n for k, n in seen.items()
-                               if k not in input_keys and k not in output_keys)
+        outside = input_keys | output_keys
+        call.saved_bytes = sum(n for k, n in seen.items() if k not in outside)
+        call.cheap_bytes = sum(n for k, n in seen.items() if k not in outside and cheap[k])
+        call.cheap_marks = [n.made.marks for n in ops.values() if n.made.marks is not None]
         return out
 
     def _note_backward(self) -> None:
@@ -766,15 +846,17 @@ class BudgetedOffload(eager.OffloadActivations):
     @staticmethod
     def _policies_of(result: dict, profile: StepProfile):
         n = len(profile.calls)
-        saved, output = ["keep"] * n, ["keep"] * n
-        saved_lag, output_lag = [None] * n, [None] * n
+        saved, output, cheap = ["keep"] * n, ["keep"] * n, [None] * n
+        saved_lag, output_lag, cheap_lag = [None] * n, [None] * n, [None] * n
         for choice in result["choices"]:
-            m = re.fullmatch(r"b(\d+)_(forward|output)", choice["name"])
+            m = re.fullmatch(r"b(\d+)_(forward|output|cheap)", choice["name"])
             if m is None:
                 continue
             k = int(m.group(1))
-            (saved if m.group(2) == "forward" else output)[k] = choice["decision"]
-            (saved_lag if m.group(2) == "forward" else output_lag)[k] = choice.get("release_lag")
+            decisions, lags = {"forward": (saved, saved_lag), "output": (output, output_lag),
+                               "cheap": (cheap, cheap_lag)}[m.group(2)]
+            decisions[k] = choice["decision"]
+            lags[k] = choice.get("release_lag")
         policies, choices = [], []
         for k, call in enumerate(profile.calls):
             input_decision = output[k - 1] if k > 0 else "keep"
@@ -786,18 +868,25 @@ class BudgetedOffload(eager.OffloadActivations):
             lags = []
             if saved[k] == "offload" and saved_lag[k] is not None:
                 lags.append(max(0, saved_lag[k] - 1))
+            if cheap[k] == "offload" and cheap_lag[k] is not None:
+                lags.append(max(0, cheap_lag[k] - 1))
+            # A block whose rebuildable tensors go their own way runs under a Recorder.
+            apart = cheap[k] is not None and cheap[k] != saved[k] and saved[k] != "recompute"
             if input_decision == "offload" and k > 0 and output_lag[k - 1] is not None:
                 lags.append(max(0, output_lag[k - 1] - 1))
             lag = max(lags) if lags else None
             policies.append(_CallPolicy(checkpoint=saved[k] == "recompute",
                                         offload_saved=saved[k] == "offload",
-                                        offload_input=input_decision == "offload", lag=lag))
+                                        offload_input=input_decision == "offload", lag=lag,
+                                        cheap=cheap[k] if apart else None))
             choices.append(BlockChoice(call=k, block=call.path, saved=saved[k],
                                        input=input_decision, lag=lag,
                                        saved_bytes=call.saved_bytes,
                                        input_bytes=call.input_bytes,
                                        forward_ms=call.forward_ms,
-                                       backward_ms=call.plain_backward_ms()))
+                                       backward_ms=call.plain_backward_ms(),
+                                       cheap=cheap[k] or saved[k],
+                                       cheap_bytes=call.cheap_bytes))
         return policies, choices
 
     def _release_lag(self, layer) -> int:
@@ -810,4 +899,6 @@ class BudgetedOffload(eager.OffloadActivations):
         """eager's counters, plus "pass_mode" (plain / profile / checkpoint / plan)."""
         out = super().stats()
         out["pass_mode"] = self._pass_mode
+        with self._lock:
+            out.update(self._recomputed)
         return out

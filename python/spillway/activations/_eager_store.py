@@ -250,6 +250,17 @@ class _Handle:
         """The OffloadActivations that packed it (it unpacks it)."""
         return self.entry.owner
 
+    def sibling(self) -> "_Handle":
+        """A second handle on the same entry and view (a selective recompute reading this
+        tensor, _recipes.py): the entry keeps its device copy until both were unpacked."""
+        other = _Handle.__new__(_Handle)
+        for name in ("entry", "layer", "dtype", "size", "stride", "offset", "witness",
+                     "version"):
+            setattr(other, name, getattr(self, name))
+        other.serial = next(_serials)
+        self.entry.live += 1
+        return other
+
     def check_version(self) -> None:
         check_version(self.dtype, self.entry.target, self.size, self.version,
                       self.witness._version)

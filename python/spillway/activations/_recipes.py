@@ -1,0 +1,345 @@
+"""Selective recompute in eager: rebuild a block's cheap saved tensors from what it saves anyway.
+
+A Llama layer saves, besides its matmul inputs and attention outputs, values
+that pointwise ops made from other saved values: SiLU(gate) and SiLU(gate) *
+up (read by the MLP's multiply and down projection), the normalised input
+and its product with the norm weight (read by the projections). Each is as
+large as a hidden state or an MLP activation and costs a fraction of a
+millisecond to make again from the gate, the up projection, the float copy
+and the reciprocal norm that the block saves in any case. The budget planner
+(_eager_budget.py) may choose, per block, to rebuild them in backward
+instead of holding them (or to offload them apart from the rest).
+
+How (one block call at a time):
+
+  1. Recorder, a TorchDispatchMode active while the block runs forward,
+     notes for each output of a recomputable op (pointwise or a dtype copy;
+     never random, in-place or a view) the op, its arguments (tensors by weak
+     reference, with their layout and version) and its output's layout.
+  2. RecipeScope.recipe_for(t), called from the saved-tensor pack hook, tells
+     whether a saved tensor t can be rebuilt: t's storage was made by a
+     recorded op whose output is still alive and unchanged, and each tensor
+     argument is a tensor the block already packed (same storage, layout and
+     version: autograd holds it anyway), a parameter, or itself rebuildable.
+     The answer is a _Recipe, which holds the packed objects of its inputs
+     (never the rebuilt tensors themselves) and a version witness of t.
+  3. Unpacking a _Recipe (in backward) unpacks its inputs through the
+     context's own unpack (a reload where they were offloaded), runs the ops
+     again under no_grad, checks the layout, and returns t's view of the
+     result. Same kernels, same inputs: the values are bitwise those saved.
+
+An input the store offloaded is read through a sibling handle
+(_eager_store._Handle.sibling): the entry then waits for both unpacks before
+letting its device copy go. Modifying a saved tensor in place after it was
+saved raises autograd's own error at unpack, as for every saved tensor.
+
+Thread-safety: a Recorder and its RecipeScope belong to one block call on
+one thread; a _Recipe is unpacked by autograd on its thread.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from spillway.activations._eager_store import _Handle, check_version, version_witness
+
+__all__ = ["Recorder", "RecipeScope", "Recipe", "recomputable_op"]
+
+_aten = torch.ops.aten
+# Ops that are not tagged pointwise but cost about as much and are as exact.
+_EXTRA_OPS = frozenset({_aten._to_copy.default})
+# Nested recipes deeper than this are not followed (a guard; a Llama norm is 3 deep).
+_MAX_DEPTH = 8
+
+
+def recomputable_op(func) -> bool:
+    """Pointwise (or a dtype copy), deterministic, functional and not a view."""
+    try:
+        if func.is_view or func._schema.is_mutable:
+            return False
+        tags = func.tags
+    except AttributeError:
+        return False
+    if torch.Tag.nondeterministic_seeded in tags:
+        return False
+    return torch.Tag.pointwise in tags or func in _EXTRA_OPS
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def _storage(t: torch.Tensor) -> StorageWeakRef | None:
+    """t's storage, weakly: equal for tensors on one storage. While such a reference
+    exists the storage object's address is not reused (its data may be freed), so it
+    names one storage even after that storage is gone."""
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return StorageWeakRef(storage) if storage.data_ptr() else None
+
+
+class _Arg:
+    """A tensor argument of a recorded op: its storage (weakly), layout and version;
+    the tensor itself only for a parameter's storage (alive anyway)."""
+
+    __slots__ = ("storage", "layout", "version", "param")
+
+    def __init__(self, t: torch.Tensor, storage: StorageWeakRef | None, param: bool):
+        self.storage = storage
+        self.layout = _layout(t)
+        self.version = t._version
+        self.param = t.detach() if param else None
+
+
+class _Made:
+    """A recorded op output: how it was made; a witness of its version (no storage)."""
+
+    __slots__ = ("func", "args", "kwargs", "storage", "layout", "witness", "version", "marks")
+
+    def __init__(self, func, args, kwargs, out: torch.Tensor, storage, marks):
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.storage = storage
+        self.layout = _layout(out)
+        self.witness = version_witness(out)
+        self.version = out._version
+        self.marks = marks  # (start, end) on the clock when timed, else None
+
+
+def _plain_tensor(t) -> bool:
+    return type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter)
+
+
+class Recorder(TorchDispatchMode):
+    """Notes how each recomputable op output of a block call was made (point 1).
+
+    param_ptrs: the data pointers of the model's parameters and buffers.
+    clock: a _Clock whose marks time each recorded op (the profiling step),
+    or None.
+    """
+
+    def __init__(self, param_ptrs: set[int], clock=None):
+        super().__init__()
+        self.made: dict[StorageWeakRef, _Made] = {}  # storage -> its latest maker
+        self.param_ptrs = param_ptrs
+        self.clock = clock
+
+    def _arg(self, t: torch.Tensor) -> _Arg:
+        storage = _storage(t)
+        param = storage is not None and t.untyped_storage().data_ptr() in self.param_ptrs
+        return _Arg(t, storage, param)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not recomputable_op(func):
+            return func(*args, **kwargs)
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                if not _plain_tensor(value) or value.layout != torch.strided:
+                    return func(*args, **kwargs)
+            elif isinstance(value, (list, tuple)) and any(
+                    isinstance(v, torch.Tensor) for v in value):
+                return func(*args, **kwargs)  # tensor lists: not followed
+        start = self.clock.mark() if self.clock is not None else None
+        out = func(*args, **kwargs)
+        end = self.clock.mark() if self.clock is not None else None
+        if not isinstance(out, torch.Tensor) or type(out) is not torch.Tensor:
+            return out
+        storage = _storage(out)
+        if storage is None:
+            return out
+        recorded_args = tuple(self._arg(a) if isinstance(a, torch.Tensor) else a for a in args)
+        recorded_kwargs = {k: self._arg(v) if isinstance(v, torch.Tensor) else v
+                           for k, v in kwargs.items()}
+        self.made[storage] = _Made(func, recorded_args, recorded_kwargs, out, storage,
+                                   (start, end) if start is not None else None)
+        return out
+
+
+class _Node:
+    """One op to run again: its function, arguments (leaves resolved) and output layout."""
+
+    __slots__ = ("func", "args", "kwargs", "layout", "made")
+
+    def __init__(self, func, args, kwargs, layout, made):
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.layout = layout
+        self.made = made  # the _Made it came from (timing); dropped once packed
+
+
+class _Packed:
+    """An input the block packed: unpacked through the context."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, packed):
+        self.packed = packed
+
+
+class _Param:
+    """A parameter input: held (it lives as long as the module), version checked."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor, version: int):
+        self.tensor = tensor
+        self.version = version
+
+
+class _View:
+    """A nested recipe's output read through a view (its layout)."""
+
+    __slots__ = ("node", "layout")
+
+    def __init__(self, node: _Node, layout: tuple):
+        self.node = node
+        self.layout = layout
+
+
+def _as_layout(base: torch.Tensor, layout: tuple) -> torch.Tensor:
+    dtype, size, stride, offset = layout
+    if (dtype, size, stride, offset) == _layout(base):
+        return base
+    with torch.no_grad():
+        return torch.empty(0, dtype=dtype, device=base.device).set_(
+            base.untyped_storage(), offset, size, stride)
+
+
+class Recipe:
+    """The pack result of a saved tensor rebuilt in backward (point 3)."""
+
+    __slots__ = ("owner", "node", "layout", "witness", "version", "nbytes", "__weakref__")
+
+    def __init__(self, owner, node: _Node, t: torch.Tensor):
+        self.owner = owner  # the OffloadActivations that packed it (it unpacks it)
+        self.node = node
+        self.layout = _layout(t)
+        self.witness = version_witness(t)
+        self.version = t._version
+        self.nbytes = t.untyped_storage().nbytes()
+
+    def unpack(self, unpack_packed) -> torch.Tensor:
+        dtype, size, _, _ = self.layout
+        check_version(dtype, self.witness.device, size, self.version, self.witness._version)
+        memo: dict[int, torch.Tensor] = {}
+        return _as_layout(_evaluate(self.node, unpack_packed, memo), self.layout)
+
+
+def _evaluate(node: _Node, unpack_packed, memo: dict) -> torch.Tensor:
+    key = id(node)
+    if key in memo:
+        return memo[key]
+
+    def value(leaf):
+        if isinstance(leaf, _Packed):
+            return unpack_packed(leaf.packed)
+        if isinstance(leaf, _Param):
+            t = leaf.tensor
+            check_version(t.dtype, t.device, t.shape, leaf.version, t._version)
+            return t
+        if isinstance(leaf, _View):
+            return _as_layout(_evaluate(leaf.node, unpack_packed, memo), leaf.layout)
+        return leaf
+
+    args = tuple(value(a) for a in node.args)
+    kwargs = {k: value(v) for k, v in node.kwargs.items()}
+    with torch.no_grad():
+        out = node.func(*args, **kwargs)
+    if _layout(out)[:3] != node.layout[:3] or out.storage_offset() != node.layout[3]:
+        raise RuntimeError(
+            f"[eager] selective recompute: {node.func} rebuilt a tensor of layout "
+            f"{_layout(out)}, not the {node.layout} it made in forward; this op cannot be "
+            "rebuilt in place of its saved output (please report it)")
+    memo[key] = out
+    return out
+
+
+class RecipeScope:
+    """The recipes of one block call (point 2): what it packed, what can be rebuilt."""
+
+    def __init__(self, recorder: Recorder, share_handles: bool = True):
+        self.recorder = recorder
+        self.share_handles = share_handles  # False: classify only (the profiling step)
+        # (storage, layout) -> (packed object, version when packed, the storage ref)
+        self.packed: dict[tuple, tuple] = {}
+
+    def note_packed(self, t: torch.Tensor, packed) -> None:
+        storage = _storage(t)
+        if storage is not None:
+            # The reference is kept: while it lives the storage's address is not reused.
+            self.packed[(storage, _layout(t))] = (packed, t._version, storage)
+
+    def node_for(self, t: torch.Tensor) -> _Node | None:
+        """The recipe that rebuilds t's storage, or None (t is then saved as usual)."""
+        storage = _storage(t)
+        if storage is None:
+            return None
+        return self._node(storage, t._version, {}, 0)
+
+    def _node(self, storage: StorageWeakRef, version: int, memo: dict,
+              depth: int) -> _Node | None:
+        if storage in memo:
+            return memo[storage]
+        memo[storage] = None  # a cycle (never in practice) resolves to "no"
+        made = self.recorder.made.get(storage)
+        # An intermediate may be gone by now (SiLU(gate) once the product is made): it is
+        # made again, not read, and the reference in `made` keeps its address unique.
+        if made is None or depth > _MAX_DEPTH:
+            return None
+        # Unchanged since it was made, and read as it was then.
+        if made.witness._version != made.version or version != made.version:
+            return None
+        args = []
+        for a in made.args:
+            leaf = self._leaf(a, memo, depth) if isinstance(a, _Arg) else a
+            if leaf is None and isinstance(a, _Arg):
+                return None
+            args.append(leaf)
+        kwargs = {}
+        for k, a in made.kwargs.items():
+            leaf = self._leaf(a, memo, depth) if isinstance(a, _Arg) else a
+            if leaf is None and isinstance(a, _Arg):
+                return None
+            kwargs[k] = leaf
+        node = _Node(made.func, tuple(args), kwargs, made.layout, made)
+        memo[storage] = node
+        return node
+
+    def _leaf(self, a: _Arg, memo: dict, depth: int):
+        if a.storage is None:
+            return None
+        packed = self.packed.get((a.storage, a.layout))
+        if packed is not None and packed[1] == a.version:
+            return _Packed(sibling_packed(packed[0]) if self.share_handles else packed[0])
+        if a.param is not None:
+            return _Param(a.param, a.version) if a.param._version == a.version else None
+        node = self._node(a.storage, a.version, memo, depth + 1)
+        return None if node is None else _View(node, a.layout)
+
+
+def nodes_of(node: _Node) -> list[_Node]:
+    """node and every nested node it runs, each once."""
+    out, seen, todo = [], set(), [node]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        out.append(n)
+        for leaf in (*n.args, *n.kwargs.values()):
+            if isinstance(leaf, _View):
+                todo.append(leaf.node)
+    return out
+
+
+def sibling_packed(packed):
+    """What a recipe holds for an input the block packed: the same object for a kept
+    tensor, a sibling handle (its own share of the entry) for an offloaded one."""
+    return packed.sibling() if isinstance(packed, _Handle) else packed
