@@ -389,14 +389,16 @@ _COMBINATIONS = [("keep", "recompute"), ("offload", "recompute"), ("keep", "offl
 
 
 @pytest.mark.parametrize("saved, cheap", _COMBINATIONS)
-@pytest.mark.parametrize("name", ["llama", "gpt2-dropout"])
+@pytest.mark.parametrize("name", ["llama", "llama-bf16", "gpt2-dropout"])
 def test_rebuildable_tensors_go_their_own_way_bit_exactly(name, saved, cheap, no_leaks):
     """Each block's rebuildable saved tensors (SiLU(gate), SiLU * up, the normalised
-    inputs: C_k) kept, offloaded or rebuilt apart from the rest (S_k): loss and gradients
-    bit-equal on every step, and the bytes go where the policy says."""
+    inputs and, in bf16, the norms' float copies, rebuilt from the bf16 hidden states they
+    hold instead: C_k) kept, offloaded or rebuilt apart from the rest (S_k): loss and
+    gradients bit-equal on every step, and the bytes go where the policy says."""
     from spillway.activations._eager_budget import _CallPolicy
 
-    work = WORKLOADS[name]()
+    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
+            else WORKLOADS[name]())
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     cheap_bytes = sum(c.cheap_bytes for c in ctx.plan.profile.calls)
     assert cheap_bytes > 0 and all(

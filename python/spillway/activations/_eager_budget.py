@@ -581,7 +581,7 @@ class BudgetedOffload(eager.OffloadActivations):
     def _recorded_call(self, policy: _CallPolicy, original, args, kwargs):
         """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py)."""
         recorder = Recorder(self._param_ptrs())
-        self._recipes = (RecipeScope(recorder), policy)
+        self._recipes = (RecipeScope(recorder, pack_extra=self._pack_extra), policy)
         try:
             with recorder:
                 return original(*args, **kwargs)
@@ -606,6 +606,10 @@ class BudgetedOffload(eager.OffloadActivations):
             self._packing_cheap = False
         scope.note_packed(t, packed)
         return packed
+
+    def _pack_extra(self, t):
+        """An input a recipe holds that the block does not save: saved as the rest is."""
+        return eager.OffloadActivations._pack(self, t)
 
     def _unpack(self, packed):
         if isinstance(packed, Recipe) and packed.owner is self:
@@ -698,9 +702,17 @@ class BudgetedOffload(eager.OffloadActivations):
         # Which saved storages a selective recompute could rebuild (_recipes.py), and
         # the recorded ops it would run again (timed on the clock).
         recorder = Recorder(self._param_ptrs(), self._clock)
-        scope = RecipeScope(recorder, share_handles=False)
         cheap: dict = {}
         ops: dict[int, object] = {}
+
+        def extra(t):  # held by a recipe: saved like the rest
+            key = _storage_key(t)
+            if key is not None:
+                seen[key] = t.untyped_storage().nbytes()
+                cheap[key] = False
+            return t
+
+        scope = RecipeScope(recorder, share_handles=False, pack_extra=extra)
 
         def pack(t):
             key = _storage_key(t)

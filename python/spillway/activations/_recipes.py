@@ -39,6 +39,8 @@ one thread; a _Recipe is unpacked by autograd on its thread.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -83,30 +85,33 @@ def _storage(t: torch.Tensor) -> StorageWeakRef | None:
 
 
 class _Arg:
-    """A tensor argument of a recorded op: its storage (weakly), layout and version;
-    the tensor itself only for a parameter's storage (alive anyway)."""
+    """A tensor argument of a recorded op: its storage and the tensor (weakly), layout
+    and version; the tensor itself only for a parameter's storage (alive anyway)."""
 
-    __slots__ = ("storage", "layout", "version", "param")
+    __slots__ = ("storage", "ref", "layout", "version", "param")
 
     def __init__(self, t: torch.Tensor, storage: StorageWeakRef | None, param: bool):
         self.storage = storage
+        self.ref = weakref.ref(t)
         self.layout = _layout(t)
         self.version = t._version
-        self.param = t.detach() if param else None
+        # The argument itself: inside a dispatch mode detach() and version witnesses do not
+        # share the version counter (they are made below autograd), the tensor does.
+        self.param = t if param else None
 
 
 class _Made:
-    """A recorded op output: how it was made; a witness of its version (no storage)."""
+    """A recorded op output: how it was made, and its version then."""
 
-    __slots__ = ("func", "args", "kwargs", "storage", "layout", "witness", "version", "marks")
+    __slots__ = ("func", "args", "kwargs", "storage", "nbytes", "layout", "version", "marks")
 
     def __init__(self, func, args, kwargs, out: torch.Tensor, storage, marks):
         self.func = func
         self.args = args
         self.kwargs = kwargs
         self.storage = storage
+        self.nbytes = out.untyped_storage().nbytes()
         self.layout = _layout(out)
-        self.witness = version_witness(out)
         self.version = out._version
         self.marks = marks  # (start, end) on the clock when timed, else None
 
@@ -193,6 +198,18 @@ class _Param:
         self.version = version
 
 
+class _Extra:
+    """An input held for a recipe though the block does not save it (resolution only:
+    node_for packs it once the whole recipe resolves)."""
+
+    __slots__ = ("tensor", "layout", "version")
+
+    def __init__(self, tensor: torch.Tensor, layout: tuple, version: int):
+        self.tensor = tensor
+        self.layout = layout
+        self.version = version
+
+
 class _View:
     """A nested recipe's output read through a view (its layout)."""
 
@@ -264,9 +281,12 @@ def _evaluate(node: _Node, unpack_packed, memo: dict) -> torch.Tensor:
 class RecipeScope:
     """The recipes of one block call (point 2): what it packed, what can be rebuilt."""
 
-    def __init__(self, recorder: Recorder, share_handles: bool = True):
+    def __init__(self, recorder: Recorder, share_handles: bool = True, pack_extra=None):
         self.recorder = recorder
         self.share_handles = share_handles  # False: classify only (the profiling step)
+        # pack_extra(t) -> packed object: saves an input a recipe holds that the block does
+        # not save (the block's input for its float copy); None: no such inputs.
+        self.pack_extra = pack_extra
         # (storage, layout) -> (packed object, version when packed, the storage ref)
         self.packed: dict[tuple, tuple] = {}
 
@@ -281,7 +301,30 @@ class RecipeScope:
         storage = _storage(t)
         if storage is None:
             return None
-        return self._node(storage, t._version, {}, 0)
+        node = self._node(storage, t._version, {}, 0)
+        if node is not None:
+            self._pack_extras(node)
+        return node
+
+    def _pack_extras(self, root: _Node) -> None:
+        """Saves the inputs the recipe holds that nothing saved yet (once each)."""
+        for node in nodes_of(root):
+            if not any(isinstance(a, _Extra) for a in (*node.args, *node.kwargs.values())):
+                continue
+
+            def packed(leaf):
+                if not isinstance(leaf, _Extra):
+                    return leaf
+                t = leaf.tensor
+                key = (_storage(t), leaf.layout)
+                known = self.packed.get(key)
+                if known is None or known[1] != leaf.version:
+                    self.note_packed(t, self.pack_extra(t))
+                    known = self.packed[key]
+                return _Packed(sibling_packed(known[0]) if self.share_handles else known[0])
+
+            node.args = tuple(packed(a) for a in node.args)
+            node.kwargs = {k: packed(v) for k, v in node.kwargs.items()}
 
     def _node(self, storage: StorageWeakRef, version: int, memo: dict,
               depth: int) -> _Node | None:
@@ -293,18 +336,19 @@ class RecipeScope:
         # made again, not read, and the reference in `made` keeps its address unique.
         if made is None or depth > _MAX_DEPTH:
             return None
-        # Unchanged since it was made, and read as it was then.
-        if made.witness._version != made.version or version != made.version:
+        # Read as it was made. (A later write does not matter: the value is made again
+        # from the inputs, which are checked as saved tensors are.)
+        if version != made.version:
             return None
         args = []
         for a in made.args:
-            leaf = self._leaf(a, memo, depth) if isinstance(a, _Arg) else a
+            leaf = self._leaf(a, made, memo, depth) if isinstance(a, _Arg) else a
             if leaf is None and isinstance(a, _Arg):
                 return None
             args.append(leaf)
         kwargs = {}
         for k, a in made.kwargs.items():
-            leaf = self._leaf(a, memo, depth) if isinstance(a, _Arg) else a
+            leaf = self._leaf(a, made, memo, depth) if isinstance(a, _Arg) else a
             if leaf is None and isinstance(a, _Arg):
                 return None
             kwargs[k] = leaf
@@ -312,7 +356,7 @@ class RecipeScope:
         memo[storage] = node
         return node
 
-    def _leaf(self, a: _Arg, memo: dict, depth: int):
+    def _leaf(self, a: _Arg, made: _Made, memo: dict, depth: int):
         if a.storage is None:
             return None
         packed = self.packed.get((a.storage, a.layout))
@@ -321,7 +365,15 @@ class RecipeScope:
         if a.param is not None:
             return _Param(a.param, a.version) if a.param._version == a.version else None
         node = self._node(a.storage, a.version, memo, depth + 1)
-        return None if node is None else _View(node, a.layout)
+        if node is not None:
+            return _View(node, a.layout)
+        # Not saved, not rebuildable: worth holding when smaller than what it rebuilds
+        # (a bf16 hidden state for its float copy), if it is still here as it was.
+        t = a.ref()
+        if (self.pack_extra is None or t is None or t._version != a.version
+                or t.untyped_storage().nbytes() >= made.nbytes):
+            return None
+        return _Extra(t, a.layout, a.version)
 
 
 def nodes_of(node: _Node) -> list[_Node]:
