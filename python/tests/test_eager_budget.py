@@ -667,3 +667,28 @@ def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
         saved_by_rebuild = kept_peak - peaks["keep", "recompute"]
         assert 0.8 * cheap <= saved_by_rebuild <= 1.05 * cheap, (saved_by_rebuild, cheap)
         assert peaks["offload", "recompute"] < peaks["keep", "recompute"]
+
+
+def _tensors_with_history() -> list:
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+
+
+@pytest.mark.parametrize("cheap", ["recompute", "offload"])
+def test_nothing_of_a_step_outlives_it(cheap, no_leaks):
+    """No tensor with autograd history survives a step: not the profiling step's (its
+    counting hook once held the recomputed tensors in a cycle through their grad_fn,
+    which kept every step's activations alive on the H200), nor a planned one's."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    before = {id(t) for t in _tensors_with_history()}  # other tests' (same process)
+
+    def new():
+        return [t for t in _tensors_with_history() if id(t) not in before]
+
+    work = _Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16))
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    assert new() == []
+    ctx._policies = [_CallPolicy(False, True, False, lag=0, cheap=cheap) for _ in ctx._policies]
+    _run(work, ctx, steps=2)
+    assert new() == []

@@ -91,7 +91,7 @@ class BlockCall:
     # (_recipes.py), and the time of the ops that rebuild them.
     cheap_bytes: int = 0
     cheap_ms: float = 0.0
-    cheap_marks: list = field(default_factory=list, repr=False)  # clock marks until timed
+    cheap_traffic: tuple[int, int] = (0, 0)  # bytes its ops move, op count (-> cheap_ms)
 
     def plain_backward_ms(self) -> float:
         """Backward time without the checkpoint's recompute (measured as recompute + backward)."""
@@ -245,6 +245,29 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
             "metadata": {"exporter": "spillway.activations._budget_graph/1",
                          "blocks": str(len(profile.calls))},
             "ops": ops, "nodes": w.nodes}
+
+
+def rebuild_ms(simulate, traffic: int, ops: int, device: str) -> float:
+    """The time of `ops` pointwise ops moving `traffic` bytes (a selective recompute,
+    _recipes.py), as the simulator estimates an op it has no time for: bytes at the
+    device profile's memory bandwidth, plus a launch each. (Timing the rebuild in the
+    profiling step would time the Python that records it.)
+    simulate(graph_json, recomputed) -> dict is the simulator binding."""
+    if ops <= 0:
+        return 0.0
+    w = _Writer(device)
+    x = w.add("x", "placeholder", "x", [], "forward", [], max(1, traffic // 2))
+    w.op("cheap", [x], "forward", [], traffic - traffic // 2, None, "rebuild")
+    graph = {"format": "spillway.graph", "version": 1, "name": "rebuild probe",
+             "ops": {f"{NAMESPACE}.cheap.default": {"namespace": NAMESPACE, "mutable": False,
+                                                    "view": False, "pointwise": True,
+                                                    "arguments": [{"name": "saved"}]}},
+             "nodes": w.nodes}
+    one = simulate(json.dumps(graph), [])["step_ms"]
+    w.nodes[1]["value"]["sizes"] = [1, 0]
+    w.nodes[0]["value"]["sizes"] = [1, 0]
+    launch = simulate(json.dumps(graph), [])["step_ms"]
+    return one + (ops - 1) * launch
 
 
 def recomputed_ids(graph: dict) -> list[int]:

@@ -81,7 +81,8 @@ from spillway import _budget
 from spillway.activations import eager
 from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of
 from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
-                                                calibration_offset, placeholder_bytes)
+                                                calibration_offset, placeholder_bytes,
+                                                rebuild_ms)
 
 __all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_budget"]
 
@@ -325,9 +326,6 @@ class _Recording:
         ms = self.clock.ms
         for call, mark in zip(self.calls, self.marks):
             call.forward_ms = ms(mark["fwd_start"], mark["fwd_end"])
-            if call.cheap_marks:
-                call.cheap_ms = sum(ms(a, b) for a, b in call.cheap_marks)
-                call.cheap_marks = []
             start, end = mark.get("bwd_start"), mark.get("bwd_end") or self.backward_end
             call.backward_ms = ms(start, end) if start is not None and end is not None else None
         per_call, other = grads
@@ -574,13 +572,13 @@ class BudgetedOffload(eager.OffloadActivations):
             return out
         return forward
 
-    def _param_ptrs(self) -> set[int]:
-        return {t.untyped_storage().data_ptr()
+    def _params_by_ptr(self) -> dict[int, torch.Tensor]:
+        return {t.untyped_storage().data_ptr(): t.detach()
                 for t in (*self._model.parameters(), *self._model.buffers())}
 
     def _recorded_call(self, policy: _CallPolicy, original, args, kwargs):
         """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py)."""
-        recorder = Recorder(self._param_ptrs())
+        recorder = Recorder(self._params_by_ptr())
         self._recipes = (RecipeScope(recorder, pack_extra=self._pack_extra), policy)
         try:
             with recorder:
@@ -701,7 +699,7 @@ class BudgetedOffload(eager.OffloadActivations):
         rec, seen = self._recording, {}
         # Which saved storages a selective recompute could rebuild (_recipes.py), and
         # the recorded ops it would run again (timed on the clock).
-        recorder = Recorder(self._param_ptrs(), self._clock)
+        recorder = Recorder(self._params_by_ptr())
         cheap: dict = {}
         ops: dict[int, object] = {}
 
@@ -710,7 +708,7 @@ class BudgetedOffload(eager.OffloadActivations):
             if key is not None:
                 seen[key] = t.untyped_storage().nbytes()
                 cheap[key] = False
-            return t
+            return t.detach()  # never t: see _recipes._Arg
 
         scope = RecipeScope(recorder, share_handles=False, pack_extra=extra)
 
@@ -721,9 +719,9 @@ class BudgetedOffload(eager.OffloadActivations):
                 node = scope.node_for(t)
                 cheap[key] = cheap.get(key, True) and node is not None
                 if node is not None:
-                    ops.update((id(n), n) for n in nodes_of(node))
+                    ops.update((id(n.made), n.made) for n in nodes_of(node))
                 else:
-                    scope.note_packed(t, t)
+                    scope.note_packed(t, t.detach())  # never t: see _recipes._Arg
             return outer_pack(t)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack), recorder:
@@ -732,7 +730,9 @@ class BudgetedOffload(eager.OffloadActivations):
         outside = input_keys | output_keys
         call.saved_bytes = sum(n for k, n in seen.items() if k not in outside)
         call.cheap_bytes = sum(n for k, n in seen.items() if k not in outside and cheap[k])
-        call.cheap_marks = [n.made.marks for n in ops.values() if n.made.marks is not None]
+        # The rebuild's time: its ops' bytes at the device's memory bandwidth, as the
+        # simulator estimates an untimed op (timing each op here would time this Python).
+        call.cheap_traffic = (sum(m.traffic for m in ops.values()), len(ops))
         return out
 
     def _note_backward(self) -> None:
@@ -811,6 +811,8 @@ class BudgetedOffload(eager.OffloadActivations):
             torch.cuda.synchronize(self._device)
         measured = self._measured_profile()
         device = str(self._device)
+        for call in measured.calls:
+            call.cheap_ms = rebuild_ms(self._simulate, *call.cheap_traffic, device)
         offset, calibration = calibration_offset(self._simulate, measured, device)
         # This step's state: the optimizer's and the grads' storages that now exist.
         now = dataclasses.replace(measured, calls=[dataclasses.replace(c) for c in measured.calls])

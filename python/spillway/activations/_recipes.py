@@ -86,26 +86,31 @@ def _storage(t: torch.Tensor) -> StorageWeakRef | None:
 
 class _Arg:
     """A tensor argument of a recorded op: its storage and the tensor (weakly), layout
-    and version; the tensor itself only for a parameter's storage (alive anyway)."""
+    and version; for a view of a parameter or buffer, that module tensor.
+
+    Nothing here holds the argument itself: in the profiling step's recompute it has a
+    grad_fn whose saved variables hold the pack hook, which would hold this (a cycle
+    through C++ that Python's collector cannot see). Nor a detach() of it: made inside a
+    dispatch mode (below autograd) it would not share the version counter.
+    """
 
     __slots__ = ("storage", "ref", "layout", "version", "param")
 
-    def __init__(self, t: torch.Tensor, storage: StorageWeakRef | None, param: bool):
+    def __init__(self, t: torch.Tensor, storage: StorageWeakRef | None, param):
         self.storage = storage
         self.ref = weakref.ref(t)
         self.layout = _layout(t)
         self.version = t._version
-        # The argument itself: inside a dispatch mode detach() and version witnesses do not
-        # share the version counter (they are made below autograd), the tensor does.
-        self.param = t if param else None
+        self.param = param
 
 
 class _Made:
-    """A recorded op output: how it was made, and its version then."""
+    """A recorded op output: how it was made, and its version then; traffic: the bytes
+    the op reads and writes (its time as the simulator would estimate it)."""
 
-    __slots__ = ("func", "args", "kwargs", "storage", "nbytes", "layout", "version", "marks")
+    __slots__ = ("func", "args", "kwargs", "storage", "nbytes", "layout", "version", "traffic")
 
-    def __init__(self, func, args, kwargs, out: torch.Tensor, storage, marks):
+    def __init__(self, func, args, kwargs, out: torch.Tensor, storage, traffic: int):
         self.func = func
         self.args = args
         self.kwargs = kwargs
@@ -113,7 +118,7 @@ class _Made:
         self.nbytes = out.untyped_storage().nbytes()
         self.layout = _layout(out)
         self.version = out._version
-        self.marks = marks  # (start, end) on the clock when timed, else None
+        self.traffic = traffic
 
 
 def _plain_tensor(t) -> bool:
@@ -123,20 +128,17 @@ def _plain_tensor(t) -> bool:
 class Recorder(TorchDispatchMode):
     """Notes how each recomputable op output of a block call was made (point 1).
 
-    param_ptrs: the data pointers of the model's parameters and buffers.
-    clock: a _Clock whose marks time each recorded op (the profiling step),
-    or None.
+    params: the model's parameters and buffers by data pointer.
     """
 
-    def __init__(self, param_ptrs: set[int], clock=None):
+    def __init__(self, params: dict[int, torch.Tensor]):
         super().__init__()
         self.made: dict[StorageWeakRef, _Made] = {}  # storage -> its latest maker
-        self.param_ptrs = param_ptrs
-        self.clock = clock
+        self.params = params
 
     def _arg(self, t: torch.Tensor) -> _Arg:
         storage = _storage(t)
-        param = storage is not None and t.untyped_storage().data_ptr() in self.param_ptrs
+        param = self.params.get(t.untyped_storage().data_ptr()) if storage is not None else None
         return _Arg(t, storage, param)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -150,9 +152,7 @@ class Recorder(TorchDispatchMode):
             elif isinstance(value, (list, tuple)) and any(
                     isinstance(v, torch.Tensor) for v in value):
                 return func(*args, **kwargs)  # tensor lists: not followed
-        start = self.clock.mark() if self.clock is not None else None
         out = func(*args, **kwargs)
-        end = self.clock.mark() if self.clock is not None else None
         if not isinstance(out, torch.Tensor) or type(out) is not torch.Tensor:
             return out
         storage = _storage(out)
@@ -161,8 +161,10 @@ class Recorder(TorchDispatchMode):
         recorded_args = tuple(self._arg(a) if isinstance(a, torch.Tensor) else a for a in args)
         recorded_kwargs = {k: self._arg(v) if isinstance(v, torch.Tensor) else v
                            for k, v in kwargs.items()}
-        self.made[storage] = _Made(func, recorded_args, recorded_kwargs, out, storage,
-                                   (start, end) if start is not None else None)
+        traffic = out.numel() * out.element_size() + sum(
+            v.numel() * v.element_size() for v in (*args, *kwargs.values())
+            if isinstance(v, torch.Tensor))
+        self.made[storage] = _Made(func, recorded_args, recorded_kwargs, out, storage, traffic)
         return out
 
 
@@ -176,7 +178,7 @@ class _Node:
         self.args = args
         self.kwargs = kwargs
         self.layout = layout
-        self.made = made  # the _Made it came from (timing); dropped once packed
+        self.made = made  # the _Made it came from (its traffic)
 
 
 class _Packed:
@@ -189,12 +191,14 @@ class _Packed:
 
 
 class _Param:
-    """A parameter input: held (it lives as long as the module), version checked."""
+    """A parameter (or buffer) input, read through its layout (W.t()): held (it lives as
+    long as the module), version checked."""
 
-    __slots__ = ("tensor", "version")
+    __slots__ = ("tensor", "layout", "version")
 
-    def __init__(self, tensor: torch.Tensor, version: int):
+    def __init__(self, tensor: torch.Tensor, layout: tuple, version: int):
         self.tensor = tensor
+        self.layout = layout
         self.version = version
 
 
@@ -260,7 +264,7 @@ def _evaluate(node: _Node, unpack_packed, memo: dict) -> torch.Tensor:
         if isinstance(leaf, _Param):
             t = leaf.tensor
             check_version(t.dtype, t.device, t.shape, leaf.version, t._version)
-            return t
+            return _as_layout(t, leaf.layout)
         if isinstance(leaf, _View):
             return _as_layout(_evaluate(leaf.node, unpack_packed, memo), leaf.layout)
         return leaf
@@ -362,8 +366,8 @@ class RecipeScope:
         packed = self.packed.get((a.storage, a.layout))
         if packed is not None and packed[1] == a.version:
             return _Packed(sibling_packed(packed[0]) if self.share_handles else packed[0])
-        if a.param is not None:
-            return _Param(a.param, a.version) if a.param._version == a.version else None
+        if a.param is not None:  # a view of it shares its version counter
+            return _Param(a.param, a.layout, a.version) if a.param._version == a.version else None
         node = self._node(a.storage, a.version, memo, depth + 1)
         if node is not None:
             return _View(node, a.layout)
