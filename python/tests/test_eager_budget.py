@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import pathlib
+import re
 
 import pytest
 import torch
@@ -422,7 +423,8 @@ def test_rebuildable_tensors_go_their_own_way_bit_exactly(name, saved, cheap, no
 
 
 def test_the_block_graph_splits_the_rebuildable_bytes_and_the_plan_maps_them():
-    from spillway.activations._budget_graph import BlockCall, StepProfile, block_graph
+    from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
+                                                    recomputed_ids)
     from spillway.activations._eager_budget import BudgetedOffload
 
     calls = [BlockCall(block=k, path=f"layers.{k}", forward_ms=5.0, backward_ms=15.0,
@@ -441,6 +443,16 @@ def test_the_block_graph_splits_the_rebuildable_bytes_and_the_plan_maps_them():
     checkpointed = block_graph(profile, resident_bytes=1 << 30, offset_bytes=0,
                                checkpointed=True)
     assert not any(n["name"].endswith("_cheap") for n in checkpointed["nodes"])
+    # The profiling step's graph: backward reads only what the recompute rebuilt (an H200
+    # run read every block's forward S_k there: a 33 GiB calibration peak for 11.5).
+    forward_saved = {n["id"] for n in checkpointed["nodes"]
+                     if re.fullmatch(r"b\d+_forward", n["name"])}
+    for n in checkpointed["nodes"]:
+        if n["phase"] == "backward":
+            assert not {a.get("node") for a in n["args"] if isinstance(a, dict)} & forward_saved
+    assert (json.loads(_C.simulate_graph(json.dumps(checkpointed), recomputed=recomputed_ids(
+        checkpointed)))["peak_bytes"] < json.loads(_C.simulate_graph(json.dumps(graph)))[
+        "peak_bytes"])
 
     result = {"choices": [
         {"name": "b1_forward", "decision": "keep"},

@@ -223,6 +223,7 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
                          f"b{k}_recompute_input")
             s = w.op("forward", [token], "backward", stacks[k], call.saved_bytes,
                      call.forward_ms, f"b{k}_recompute")
+            c = s  # the profiling step: no block split, everything rebuilt
         grad_in_bytes = profile.calls[k - 1].output_bytes if k > 0 else first_input
         if c != s:
             grad = w.op("backward_split", [s, c, inputs[k], grad], "backward", stacks[k],

@@ -398,6 +398,7 @@ class BudgetedOffload(eager.OffloadActivations):
         self._recipes: tuple[RecipeScope, _CallPolicy] | None = None
         self._packing_cheap = False
         self._recomputed = {"tensors_recomputed": 0, "bytes_recomputed": 0}
+        self._params: dict | None = None  # _params_by_ptr's, reset at each model call
 
     # ---- context ------------------------------------------------------------
 
@@ -430,6 +431,7 @@ class BudgetedOffload(eager.OffloadActivations):
         self._call_ordinal = 0
         self._call_state = None
         self._layer_policy.clear()
+        self._params = None
         if not torch.is_grad_enabled():
             self._pass_mode = "plain"  # nothing is saved: nothing to plan
             return
@@ -573,8 +575,11 @@ class BudgetedOffload(eager.OffloadActivations):
         return forward
 
     def _params_by_ptr(self) -> dict[int, torch.Tensor]:
-        return {t.untyped_storage().data_ptr(): t.detach()
-                for t in (*self._model.parameters(), *self._model.buffers())}
+        """The model's parameters and buffers by data pointer (once per model call)."""
+        if self._params is None:
+            self._params = {t.untyped_storage().data_ptr(): t.detach()
+                            for t in (*self._model.parameters(), *self._model.buffers())}
+        return self._params
 
     def _recorded_call(self, policy: _CallPolicy, original, args, kwargs):
         """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py)."""
@@ -596,7 +601,7 @@ class BudgetedOffload(eager.OffloadActivations):
             with self._lock:
                 self._recomputed["tensors_recomputed"] += 1
                 self._recomputed["bytes_recomputed"] += t.untyped_storage().nbytes()
-            return Recipe(self, node, t)
+            return Recipe(self, node, t, scope.results)
         self._packing_cheap = node is not None
         try:
             packed = super()._pack(t)

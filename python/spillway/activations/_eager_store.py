@@ -66,9 +66,29 @@ def version_witness(t: torch.Tensor) -> torch.Tensor:
     the counter is put back.
     """
     witness = torch.Tensor._make_subclass(torch.Tensor, t, False)
-    with torch.autograd.grad_mode._unsafe_preserve_version_counter(witness):
-        witness.set_(torch.empty(0, dtype=t.dtype, device=t.device))
+    version = witness._version
+    witness.set_(_empty(t.dtype, t.device))
+    _set_version(witness, version)
     return witness
+
+
+_EMPTY: dict = {}
+
+
+def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-element tensor per dtype and device, shared by every witness (set_ onto it)."""
+    key = (dtype, device)
+    e = _EMPTY.get(key)
+    if e is None:
+        e = _EMPTY[key] = torch.empty(0, dtype=dtype, device=device)
+    return e
+
+
+def _set_version(t: torch.Tensor, version: int) -> None:
+    try:
+        torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+    except TypeError:  # torch < 2.5 takes one tensor
+        torch._C._autograd._unsafe_set_version_counter(t, version)
 
 
 class _Kept:

@@ -12,11 +12,12 @@ instead of holding them (or to offload them apart from the rest).
 
 How (one block call at a time):
 
-  1. Recorder, a TorchDispatchMode active while the block runs forward,
-     notes for each output of a recomputable op (pointwise or a dtype copy;
-     never random, in-place or a view) the op, its arguments (tensors by weak
-     reference, with their layout and version) and its output's layout.
-  2. RecipeScope.recipe_for(t), called from the saved-tensor pack hook, tells
+  1. Recorder, a TorchFunctionMode active while the block runs forward,
+     notes for each output of a recomputable function (elementwise or a
+     dtype conversion, called out of place: _ELEMENTWISE) the function, its
+     arguments (tensors by weak reference, with their layout and version)
+     and its output's layout.
+  2. RecipeScope.node_for(t), called from the saved-tensor pack hook, tells
      whether a saved tensor t can be rebuilt: t's storage was made by a
      recorded op whose output is still alive and unchanged, and each tensor
      argument is a tensor the block already packed (same storage, layout and
@@ -43,30 +44,41 @@ import weakref
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from spillway.activations._eager_store import _Handle, check_version, version_witness
 
 __all__ = ["Recorder", "RecipeScope", "Recipe", "recomputable_op"]
 
-_aten = torch.ops.aten
-# Ops that are not tagged pointwise but cost about as much and are as exact.
-_EXTRA_OPS = frozenset({_aten._to_copy.default})
+F = torch.nn.functional
+T = torch.Tensor
+# The functions a recipe may run again: elementwise (or a dtype conversion), the same
+# kernel on the same inputs giving the same bits, never random, never in place (the
+# *_ methods and inplace=True are not here or refused), never a view of an input.
+_ELEMENTWISE = frozenset({
+    torch.add, torch.sub, torch.mul, torch.div, torch.neg, torch.pow, torch.rsqrt,
+    torch.sqrt, torch.exp, torch.log, torch.sigmoid, torch.tanh, torch.square, torch.abs,
+    torch.reciprocal, torch.where,
+    T.add, T.sub, T.mul, T.div, T.neg, T.pow, T.rsqrt, T.sqrt, T.exp, T.log, T.sigmoid,
+    T.tanh, T.square, T.abs, T.reciprocal, T.float, T.half, T.bfloat16, T.double, T.to,
+    T.type_as,
+    T.__add__, T.__radd__, T.__sub__, T.__rsub__, T.__mul__, T.__rmul__, T.__truediv__,
+    T.__rtruediv__, T.__neg__, T.__pow__, T.__rpow__,
+    F.silu, F.gelu, F.relu, F.sigmoid, F.tanh, F.softplus, F.mish, F.leaky_relu, F.elu,
+})
 # Nested recipes deeper than this are not followed (a guard; a Llama norm is 3 deep).
 _MAX_DEPTH = 8
 
 
-def recomputable_op(func) -> bool:
-    """Pointwise (or a dtype copy), deterministic, functional and not a view."""
+def recomputable_op(func, args, kwargs) -> bool:
+    """An elementwise function called out of place (see _ELEMENTWISE)."""
     try:
-        if func.is_view or func._schema.is_mutable:
+        if func not in _ELEMENTWISE:
             return False
-        tags = func.tags
-    except AttributeError:
+    except TypeError:  # unhashable callable
         return False
-    if torch.Tag.nondeterministic_seeded in tags:
-        return False
-    return torch.Tag.pointwise in tags or func in _EXTRA_OPS
+    return not (kwargs.get("inplace") or "out" in kwargs
+                or (func in (F.relu, F.leaky_relu, F.elu) and any(a is True for a in args[1:])))
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -90,8 +102,7 @@ class _Arg:
 
     Nothing here holds the argument itself: in the profiling step's recompute it has a
     grad_fn whose saved variables hold the pack hook, which would hold this (a cycle
-    through C++ that Python's collector cannot see). Nor a detach() of it: made inside a
-    dispatch mode (below autograd) it would not share the version counter.
+    through C++ that Python's collector cannot see).
     """
 
     __slots__ = ("storage", "ref", "layout", "version", "param")
@@ -125,9 +136,12 @@ def _plain_tensor(t) -> bool:
     return type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter)
 
 
-class Recorder(TorchDispatchMode):
-    """Notes how each recomputable op output of a block call was made (point 1).
+class Recorder(TorchFunctionMode):
+    """Notes how each recomputable function output of a block call was made (point 1).
 
+    A TorchFunctionMode, not a TorchDispatchMode: it sees the block's torch calls
+    (F.silu, x * y, x.to(dtype)), about a third of the cost per call of seeing every
+    aten op (a dispatch mode cost T1's layers ~2.5 ms each on a 2-core host).
     params: the model's parameters and buffers by data pointer.
     """
 
@@ -141,29 +155,34 @@ class Recorder(TorchDispatchMode):
         param = self.params.get(t.untyped_storage().data_ptr()) if storage is not None else None
         return _Arg(t, storage, param)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not recomputable_op(func):
+        if not recomputable_op(func, args, kwargs):
             return func(*args, **kwargs)
+        tensors = []
         for value in (*args, *kwargs.values()):
             if isinstance(value, torch.Tensor):
                 if not _plain_tensor(value) or value.layout != torch.strided:
                     return func(*args, **kwargs)
+                tensors.append(value)
             elif isinstance(value, (list, tuple)) and any(
                     isinstance(v, torch.Tensor) for v in value):
                 return func(*args, **kwargs)  # tensor lists: not followed
         out = func(*args, **kwargs)
-        if not isinstance(out, torch.Tensor) or type(out) is not torch.Tensor:
+        if type(out) is not torch.Tensor or out.layout != torch.strided:
             return out
         storage = _storage(out)
         if storage is None:
+            return out
+        ptr = out.untyped_storage().data_ptr()
+        # x.to(its own dtype) returns x; x.to("cpu") moves it: neither is a recipe.
+        if any(t.device != out.device or t.untyped_storage().data_ptr() == ptr for t in tensors):
             return out
         recorded_args = tuple(self._arg(a) if isinstance(a, torch.Tensor) else a for a in args)
         recorded_kwargs = {k: self._arg(v) if isinstance(v, torch.Tensor) else v
                            for k, v in kwargs.items()}
         traffic = out.numel() * out.element_size() + sum(
-            v.numel() * v.element_size() for v in (*args, *kwargs.values())
-            if isinstance(v, torch.Tensor))
+            t.numel() * t.element_size() for t in tensors)
         self.made[storage] = _Made(func, recorded_args, recorded_kwargs, out, storage, traffic)
         return out
 
@@ -178,11 +197,11 @@ class _Node:
         self.args = args
         self.kwargs = kwargs
         self.layout = layout
-        self.made = made  # the _Made it came from (its traffic)
+        self.made = made  # the _Made it came from (its storage, its traffic)
 
 
 class _Packed:
-    """An input the block packed: unpacked through the context."""
+    """An input the block packed (the recipe's own handle): unpacked through the context."""
 
     __slots__ = ("packed",)
 
@@ -236,11 +255,15 @@ def _as_layout(base: torch.Tensor, layout: tuple) -> torch.Tensor:
 class Recipe:
     """The pack result of a saved tensor rebuilt in backward (point 3)."""
 
-    __slots__ = ("owner", "node", "layout", "witness", "version", "nbytes", "__weakref__")
+    __slots__ = ("owner", "node", "results", "chain", "layout", "witness", "version", "nbytes",
+                 "__weakref__")
 
-    def __init__(self, owner, node: _Node, t: torch.Tensor):
+    def __init__(self, owner, node: _Node, t: torch.Tensor, results: "_Results"):
         self.owner = owner  # the OffloadActivations that packed it (it unpacks it)
         self.node = node
+        self.results = results  # RecipeScope.results of its block call
+        self.chain = list({n.made.storage: None for n in nodes_of(node)})
+        results.add_uses(self.chain)
         self.layout = _layout(t)
         self.witness = version_witness(t)
         self.version = t._version
@@ -250,13 +273,21 @@ class Recipe:
         dtype, size, _, _ = self.layout
         check_version(dtype, self.witness.device, size, self.version, self.witness._version)
         memo: dict[int, torch.Tensor] = {}
-        return _as_layout(_evaluate(self.node, unpack_packed, memo), self.layout)
+        try:
+            return _as_layout(_evaluate(self.node, unpack_packed, memo, self.results),
+                              self.layout)
+        finally:
+            self.results.done(self.chain)
 
 
-def _evaluate(node: _Node, unpack_packed, memo: dict) -> torch.Tensor:
+def _evaluate(node: _Node, unpack_packed, memo: dict, results: dict) -> torch.Tensor:
     key = id(node)
     if key in memo:
         return memo[key]
+    known = results.get(node.made.storage)
+    if known is not None:
+        memo[key] = known
+        return known
 
     def value(leaf):
         if isinstance(leaf, _Packed):
@@ -266,7 +297,7 @@ def _evaluate(node: _Node, unpack_packed, memo: dict) -> torch.Tensor:
             check_version(t.dtype, t.device, t.shape, leaf.version, t._version)
             return _as_layout(t, leaf.layout)
         if isinstance(leaf, _View):
-            return _as_layout(_evaluate(leaf.node, unpack_packed, memo), leaf.layout)
+            return _as_layout(_evaluate(leaf.node, unpack_packed, memo, results), leaf.layout)
         return leaf
 
     args = tuple(value(a) for a in node.args)
@@ -279,7 +310,39 @@ def _evaluate(node: _Node, unpack_packed, memo: dict) -> torch.Tensor:
             f"{_layout(out)}, not the {node.layout} it made in forward; this op cannot be "
             "rebuilt in place of its saved output (please report it)")
     memo[key] = out
+    results.put(node.made.storage, out)
     return out
+
+
+class _Results:
+    """RecipeScope.results: rebuilt values shared by a block's recipes (see there)."""
+
+    __slots__ = ("values", "uses")
+
+    def __init__(self):
+        self.values: dict[StorageWeakRef, tuple] = {}
+        self.uses: dict[StorageWeakRef, int] = {}
+
+    def get(self, storage):
+        known = self.values.get(storage)
+        if known is not None and known[0]._version == known[1]:
+            return known[0]
+        return None
+
+    def put(self, storage, t: torch.Tensor) -> None:
+        if self.uses.get(storage, 0) > 1:  # someone else will read it
+            self.values[storage] = (t, t._version)
+
+    def add_uses(self, storages) -> None:
+        for storage in storages:
+            self.uses[storage] = self.uses.get(storage, 0) + 1
+
+    def done(self, storages) -> None:
+        for storage in storages:
+            left = self.uses.get(storage, 0) - 1
+            self.uses[storage] = left
+            if left <= 0:
+                self.values.pop(storage, None)
 
 
 class RecipeScope:
@@ -293,6 +356,11 @@ class RecipeScope:
         self.pack_extra = pack_extra
         # (storage, layout) -> (packed object, version when packed, the storage ref)
         self.packed: dict[tuple, tuple] = {}
+        # What the block's recipes rebuilt, by storage (a tensor on it, its version), kept
+        # until every recipe whose chain runs it was unpacked (uses): the normalised input
+        # rebuilt for q_proj's backward is read again by k_proj's and v_proj's, the float
+        # copy by the norm's multiply and its square.
+        self.results = _Results()
 
     def note_packed(self, t: torch.Tensor, packed) -> None:
         storage = _storage(t)
