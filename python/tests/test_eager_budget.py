@@ -588,27 +588,37 @@ def test_unreachable_budget_raises_the_planners_error_and_leaves_the_model(no_le
 # ---- CUDA -------------------------------------------------------------------
 
 
+def _cuda_llama() -> _Hf:
+    """A bf16 Llama on the GPU, large enough for its activations to dominate."""
+    return _Hf(*tiny_llama(5, device="cuda", dtype=torch.bfloat16, layers=6, hidden=512,
+                           intermediate=2048, heads=8, kv_heads=4, batch=4, seq=1024))
+
+
+def _cuda_step(work, ctx):
+    """One step (under ctx unless None) from a fixed seed: loss, gradients, peak bytes."""
+    work.model.zero_grad(set_to_none=True)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    if ctx is None:
+        loss = work.loss()
+    else:
+        with ctx:
+            loss = work.loss()
+    loss.backward()
+    torch.cuda.synchronize()
+    return loss.detach(), _grads(work.model), torch.cuda.max_memory_allocated()
+
+
 @needs_cuda
 def test_cuda_profiling_step_peaks_below_a_plain_step_and_stays_bit_equal():
     with deterministic_cuda():
-        model, ids = tiny_llama(5, device="cuda", dtype=torch.bfloat16, layers=6, hidden=512,
-                                intermediate=2048, heads=8, kv_heads=4, batch=4, seq=1024)
-        work = _Hf(model, ids)
+        work = _cuda_llama()
+        model = work.model
 
         def step(ctx):
-            model.zero_grad(set_to_none=True)
-            gc.collect()
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            torch.manual_seed(0)
-            if ctx is None:
-                loss = work.loss()
-            else:
-                with ctx:
-                    loss = work.loss()
-            loss.backward()
-            torch.cuda.synchronize()
-            return loss.detach(), _grads(model), torch.cuda.max_memory_allocated()
+            return _cuda_step(work, ctx)
 
         step(None)  # warm up kernels and the allocator
         ref_loss, ref_grads, plain_peak = step(None)
@@ -634,29 +644,15 @@ def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
     """bf16 Llama on the GPU: every block keeps its matmul inputs and attention outputs
     and rebuilds SiLU(gate), SiLU * up and the normalised inputs in backward (or offloads
     them, or offloads the rest and rebuilds them from its reloads). Bit-equal on every
-    step; rebuilding lowers the step's peak by about what the profile said they hold, and
-    the rebuild ops take about the time it measured."""
+    step; rebuilding lowers the step's peak by about what the profile said they hold."""
     from spillway.activations._eager_budget import _CallPolicy
 
     with deterministic_cuda():
-        model, ids = tiny_llama(5, device="cuda", dtype=torch.bfloat16, layers=6, hidden=512,
-                                intermediate=2048, heads=8, kv_heads=4, batch=4, seq=1024)
-        work = _Hf(model, ids)
+        work = _cuda_llama()
+        model = work.model
 
         def step(ctx):
-            model.zero_grad(set_to_none=True)
-            gc.collect()
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            torch.manual_seed(0)
-            if ctx is None:
-                loss = work.loss()
-            else:
-                with ctx:
-                    loss = work.loss()
-            loss.backward()
-            torch.cuda.synchronize()
-            return loss.detach(), _grads(model), torch.cuda.max_memory_allocated()
+            return _cuda_step(work, ctx)
 
         step(None)
         ref_loss, ref_grads, plain_peak = step(None)

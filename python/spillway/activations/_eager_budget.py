@@ -21,7 +21,10 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      for backward when not checkpointed, counted during the checkpoint's own
      recompute by a saved-tensor hook that hands every tensor on to the
      checkpoint's (no extra forward: no RNG draw, no extra module state
-     update), and its input and output bytes; for the step: the bytes
+     update), which of those a selective recompute could rebuild from the
+     rest (_recipes.py: C_k, and the bytes its elementwise ops move, timed
+     by the simulator's bandwidth estimate when the plan is made), and its
+     input and output bytes; for the step: the bytes
      allocated at its start and its peak (torch.cuda.max_memory_allocated
      after torch.cuda.reset_peak_memory_stats at the step's start: the
      caller's peak statistics restart there), and the bytes saved outside
@@ -35,8 +38,9 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
   3. At the start of the next step, the measurements become a block graph in
      Spillway IR (_budget_graph.py), calibrated on the measured peak, and the
      C++ budget planner (spillway._C.plan_memory_budget, with
-     release_when_copied) picks, per block's saved tensors S_k and per block
-     output X_k, keep, offload or recompute, and for each offload the block
+     release_when_copied) picks, per block's saved tensors S_k, their
+     rebuildable part C_k and per block output X_k, keep, offload or
+     recompute, and for each offload the block
      call at whose end its device memory goes: the first by which the
      planner expects its copy to have finished (at least `lag` calls later),
      else the last block's end, else the model call's end.
@@ -45,7 +49,11 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
        S_k offload              the block's saved tensors go through the
                                 offload store (eager.py: prefetch), their
                                 forward wait at the end of call k + lag_k;
-       S_k recompute            the block runs under checkpoint;
+       S_k recompute            the block runs under checkpoint (C_k with it);
+       C_k unlike S_k           the block runs under a _recipes.Recorder and
+                                the pack hook sorts its saved tensors: C_k's
+                                are kept, offloaded, or (recompute) packed as
+                                recipes rebuilt in backward;
        X_k-1 offload            the block's saved input goes through the store
                                 (with S_k recompute: the checkpoint's saved
                                 input; otherwise the saved tensors that share
@@ -56,7 +64,8 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
 A budget below the smallest peak the planner reaches raises its MemoryError
 at the start of the first step after profiling (inside the model call; the context exits
 and the model is as it was). Results stay bitwise equal to the run without
-spillway on every step: checkpoint replays the RNG, the store moves bytes.
+spillway on every step: checkpoint replays the RNG, the store moves bytes,
+a recipe runs the same elementwise functions on the same inputs.
 
 Thread-safety: as eager.py (one context per model; backward hooks take the
 context's lock).

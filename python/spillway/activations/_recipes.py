@@ -19,23 +19,27 @@ How (one block call at a time):
      and its output's layout.
   2. RecipeScope.node_for(t), called from the saved-tensor pack hook, tells
      whether a saved tensor t can be rebuilt: t's storage was made by a
-     recorded op whose output is still alive and unchanged, and each tensor
-     argument is a tensor the block already packed (same storage, layout and
-     version: autograd holds it anyway), a parameter, or itself rebuildable.
-     The answer is a _Recipe, which holds the packed objects of its inputs
-     (never the rebuilt tensors themselves) and a version witness of t.
-  3. Unpacking a _Recipe (in backward) unpacks its inputs through the
-     context's own unpack (a reload where they were offloaded), runs the ops
-     again under no_grad, checks the layout, and returns t's view of the
-     result. Same kernels, same inputs: the values are bitwise those saved.
+     recorded function and t reads it as it was made (same version), and each
+     tensor argument is a tensor the block already packed (same storage,
+     layout and version: autograd holds it anyway), a parameter, itself
+     rebuildable, or, when smaller than what it rebuilds, held for the recipe
+     and saved like the rest (the bf16 hidden state an RMSNorm's float copy is
+     made from). The answer is a Recipe, which holds the packed objects of its
+     inputs (never the rebuilt tensors themselves) and a version witness of t.
+  3. Unpacking a Recipe (in backward) unpacks its inputs through the
+     context's own unpack (a reload where they were offloaded), runs the
+     functions again under no_grad, checks the layout, and returns t's view of
+     the result. Same kernels, same inputs: the values are bitwise those
+     saved. What a block's recipes rebuilt is shared until its last reader
+     unpacked (_Results): a Llama layer's rebuild is 10 elementwise ops.
 
 An input the store offloaded is read through a sibling handle
-(_eager_store._Handle.sibling): the entry then waits for both unpacks before
-letting its device copy go. Modifying a saved tensor in place after it was
+(_eager_store._Handle.sibling): the entry keeps its device copy until every
+handle was unpacked or died. Modifying a saved tensor in place after it was
 saved raises autograd's own error at unpack, as for every saved tensor.
 
 Thread-safety: a Recorder and its RecipeScope belong to one block call on
-one thread; a _Recipe is unpacked by autograd on its thread.
+one thread; a Recipe is unpacked by autograd on its thread.
 """
 
 from __future__ import annotations
