@@ -259,7 +259,7 @@ def _as_layout(base: torch.Tensor, layout: tuple) -> torch.Tensor:
 class Recipe:
     """The pack result of a saved tensor rebuilt in backward (point 3)."""
 
-    __slots__ = ("owner", "node", "results", "chain", "layout", "witness", "version", "nbytes",
+    __slots__ = ("owner", "node", "results", "chain", "layout", "witness", "version",
                  "__weakref__")
 
     def __init__(self, owner, node: _Node, t: torch.Tensor, results: "_Results"):
@@ -271,7 +271,6 @@ class Recipe:
         self.layout = _layout(t)
         self.witness = version_witness(t)
         self.version = t._version
-        self.nbytes = t.untyped_storage().nbytes()
 
     def unpack(self, unpack_packed) -> torch.Tensor:
         dtype, size, _, _ = self.layout
@@ -358,7 +357,8 @@ class RecipeScope:
         # pack_extra(t) -> packed object: saves an input a recipe holds that the block does
         # not save (the block's input for its float copy); None: no such inputs.
         self.pack_extra = pack_extra
-        # (storage, layout) -> (packed object, version when packed, the storage ref)
+        # (storage, layout) -> (packed object, version when packed); the key's reference
+        # keeps the storage's address from being reused while the scope lives.
         self.packed: dict[tuple, tuple] = {}
         # What the block's recipes rebuilt, by storage (a tensor on it, its version), kept
         # until every recipe whose chain runs it was unpacked (uses): the normalised input
@@ -369,8 +369,7 @@ class RecipeScope:
     def note_packed(self, t: torch.Tensor, packed) -> None:
         storage = _storage(t)
         if storage is not None:
-            # The reference is kept: while it lives the storage's address is not reused.
-            self.packed[(storage, _layout(t))] = (packed, t._version, storage)
+            self.packed[(storage, _layout(t))] = (packed, t._version)
 
     def node_for(self, t: torch.Tensor) -> _Node | None:
         """The recipe that rebuilds t's storage, or None (t is then saved as usual)."""
@@ -397,7 +396,7 @@ class RecipeScope:
                 if known is None or known[1] != leaf.version:
                     self.note_packed(t, self.pack_extra(t))
                     known = self.packed[key]
-                return _Packed(sibling_packed(known[0]) if self.share_handles else known[0])
+                return self._input(known[0])
 
             node.args = tuple(packed(a) for a in node.args)
             node.kwargs = {k: packed(v) for k, v in node.kwargs.items()}
@@ -416,28 +415,32 @@ class RecipeScope:
         # from the inputs, which are checked as saved tensors are.)
         if version != made.version:
             return None
-        args = []
-        for a in made.args:
-            leaf = self._leaf(a, made, memo, depth) if isinstance(a, _Arg) else a
-            if leaf is None and isinstance(a, _Arg):
-                return None
-            args.append(leaf)
-        kwargs = {}
-        for k, a in made.kwargs.items():
-            leaf = self._leaf(a, made, memo, depth) if isinstance(a, _Arg) else a
-            if leaf is None and isinstance(a, _Arg):
-                return None
-            kwargs[k] = leaf
-        node = _Node(made.func, tuple(args), kwargs, made.layout, made)
+        leaves = {}  # position or keyword -> resolved leaf, for the tensor arguments
+        for key, a in (*enumerate(made.args), *made.kwargs.items()):
+            if isinstance(a, _Arg):
+                leaves[key] = self._leaf(a, made, memo, depth)
+                if leaves[key] is None:
+                    return None
+        args = tuple(leaves.get(i, a) for i, a in enumerate(made.args))
+        kwargs = {k: leaves.get(k, a) for k, a in made.kwargs.items()}
+        node = _Node(made.func, args, kwargs, made.layout, made)
         memo[storage] = node
         return node
+
+    def _input(self, packed) -> _Packed:
+        """A recipe's leaf for an input the block packed: for a recipe that will be packed,
+        its own share of an offloaded entry (_Handle.sibling); the profiling step only
+        classifies."""
+        if self.share_handles and isinstance(packed, _Handle):
+            packed = packed.sibling()
+        return _Packed(packed)
 
     def _leaf(self, a: _Arg, made: _Made, memo: dict, depth: int):
         if a.storage is None:
             return None
         packed = self.packed.get((a.storage, a.layout))
         if packed is not None and packed[1] == a.version:
-            return _Packed(sibling_packed(packed[0]) if self.share_handles else packed[0])
+            return self._input(packed[0])
         if a.param is not None:  # a view of it shares its version counter
             return _Param(a.param, a.layout, a.version) if a.param._version == a.version else None
         node = self._node(a.storage, a.version, memo, depth + 1)
@@ -465,9 +468,3 @@ def nodes_of(node: _Node) -> list[_Node]:
             if isinstance(leaf, _View):
                 todo.append(leaf.node)
     return out
-
-
-def sibling_packed(packed):
-    """What a recipe holds for an input the block packed: the same object for a kept
-    tensor, a sibling handle (its own share of the entry) for an offloaded one."""
-    return packed.sibling() if isinstance(packed, _Handle) else packed
