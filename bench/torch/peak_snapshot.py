@@ -42,25 +42,44 @@ def _where(frames: list[dict]) -> str:
     return frames[0].get("name", "?") if frames else "?"
 
 
+def _chain(frames: list[dict], depth: int = 4) -> str:
+    """The innermost `depth` frames outside torch's own Python files, innermost first."""
+    mine = [f for f in frames if f.get("filename") and "site-packages/torch" not in f["filename"]
+            and not f["filename"].startswith("<")]
+    return " < ".join(f"{os.path.basename(f['filename'])}:{f.get('line')} {f.get('name')}"
+                      for f in mine[:depth]) or _where(frames)
+
+
 def snapshot(spec: str, out_dir: str) -> str:
     import torch
 
     name, options = t1._parse_method(spec)
     model, ids = t1._build(t1.T1, "cuda", torch.bfloat16)
     step, _stats = t1._step_fn(name, options, model, "cuda")
-    for _ in range(2):
-        step(ids).backward()
+    step(ids).backward()
+    torch.cuda.synchronize()
+    # History from the second warm-up step on: what it allocated and still holds when
+    # the measured step starts carries its stack (a step should leave nothing behind).
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    step(ids).backward()
     torch.cuda.synchronize()
     start = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    before = torch.cuda.memory._snapshot()
+    survivors = [b for seg in before["segments"] for b in seg["blocks"]
+                 if b["state"] == "active_allocated" and b.get("frames")]
+    skip = sum(len(trace) for trace in before["device_traces"])
     torch.cuda.reset_peak_memory_stats()
     step(ids).backward()
     torch.cuda.synchronize()
     peak_measured = torch.cuda.max_memory_allocated()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    import gc
+    end = torch.cuda.memory_allocated()
+    gc.collect()
+    after_gc = torch.cuda.memory_allocated()
 
-    events = [e for trace in snap["device_traces"] for e in trace]
+    events = [e for trace in snap["device_traces"] for e in trace][skip:]
     live: dict[int, dict] = {}
     total = start
     best, best_at, best_live = total, -1, {}
@@ -81,6 +100,18 @@ def snapshot(spec: str, out_dir: str) -> str:
              "| MiB | allocated at |", "|---|---|"]
     for r in rows[:80]:
         lines.append(f"| {r['size'] / (1 << 20):.1f} | `{_where(r.get('frames', []))}` |")
+    by_site: dict[str, list[int]] = {}
+    for b in survivors:
+        site = by_site.setdefault(_chain(b["frames"]), [0, 0])
+        site[0] += 1
+        site[1] += b["size"]
+    lines += ["", f"After the step: {end / GIB:.3f} GiB allocated, {after_gc / GIB:.3f} GiB "
+              "after gc.collect()"]
+    lines += ["", f"Allocated by the step before and still live at this step's start: "
+              f"{len(survivors)} blocks, {sum(b['size'] for b in survivors) / GIB:.3f} GiB", "",
+              "| blocks | MiB | allocated at |", "|---|---|---|"]
+    for where, (count, size) in sorted(by_site.items(), key=lambda kv: -kv[1][1])[:20]:
+        lines.append(f"| {count} | {size / (1 << 20):.1f} | `{where}` |")
     # The last allocations before the peak: what the peak kernel's neighbourhood made.
     lines += ["", "The 25 allocations before the peak (MiB, where):", ""]
     for e in events[max(0, best_at - 25):best_at + 1]:

@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import re
+import weakref
 
 import pytest
 import torch
@@ -683,6 +684,46 @@ def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
 def _tensors_with_history() -> list:
     gc.collect()
     return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+
+
+def test_reference_counting_alone_frees_every_step(monkeypatch, no_leaks):
+    """With the cycle collector off, each step's outputs die when the caller drops them:
+    the profiling step's, the step that makes the plan (where some of the planner's
+    tries fail: a kept MemoryError's traceback once held that model call's frame, and
+    with it the step's logits, until the collector happened to run), and planned ones."""
+    from spillway.activations import _eager_budget
+
+    failures = []
+
+    class FirstTryFails:  # the planner's own MemoryError, from a budget of one byte
+        def __getattr__(self, name):
+            return getattr(_C, name)
+
+        @staticmethod
+        def plan_memory_budget(text, budget, **kwargs):
+            if not failures:
+                failures.append(1)
+                budget = 1
+            return _C.plan_memory_budget(text, budget, **kwargs)
+
+    work = _Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16))
+    monkeypatch.setattr(_eager_budget, "_bindings", lambda: FirstTryFails())
+    ctx = _budget_ctx(work, 0.8)
+    outputs = []
+    work.model.lm_head.register_forward_hook(lambda m, a, out: outputs.append(weakref.ref(out)))
+    gc.collect()
+    gc.disable()
+    try:
+        for step in range(3):
+            work.model.zero_grad(set_to_none=True)  # as _reachable_range's steps
+            with ctx:
+                loss = work.loss()
+            loss.backward()
+            del loss
+            assert outputs[-1]() is None, f"step {step}: its logits are alive"
+    finally:
+        gc.enable()
+    assert ctx.plan is not None and failures, "no planner try failed: the test tests nothing"
 
 
 @pytest.mark.parametrize("cheap", ["recompute", "offload"])

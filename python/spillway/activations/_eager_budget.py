@@ -795,7 +795,11 @@ class BudgetedOffload(eager.OffloadActivations):
                 try:
                     result = json.loads(_bindings().plan_memory_budget(text, budget, **options))
                 except MemoryError as e:
-                    error = error or e
+                    # Without its traceback: kept with one, the exception holds this
+                    # frame and, through f_back, the model call that made the plan,
+                    # whose locals end up holding that step's outputs (the logits,
+                    # 1000 MiB on T1) in a cycle only Python's collector frees.
+                    error = error or e.with_traceback(None)
                     continue
                 if (best is None
                         or result["forecast"]["step_ms"] < best[1]["forecast"]["step_ms"]):
