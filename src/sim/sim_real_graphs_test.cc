@@ -145,7 +145,9 @@ TEST(SimulateRealGraphs, LlamaTinyPeakIsTheLivenessSum) {
   const Graph graph = load_example("llama-tiny");
   const SimResult r = simulate(graph, CostModel(h200_profile()));
   EXPECT_EQ(r.peak_bytes, reference_peak(graph));
-  const SimResult lean = simulate(graph, CostModel(h200_profile()), SimOptions{{}, false});
+  SimOptions without_timeline;
+  without_timeline.record_timeline = false;
+  const SimResult lean = simulate(graph, CostModel(h200_profile()), without_timeline);
   EXPECT_EQ(lean.peak_bytes, r.peak_bytes);
   EXPECT_EQ(lean.step_ms, r.step_ms);
 }

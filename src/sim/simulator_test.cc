@@ -327,7 +327,9 @@ TEST(Simulate, WithoutTimelineTheTotalsAreTheSame) {
   OffloadChain c = offload_chain(8, 0.3, 0.2);
   const CostModel cost(flat_profile());
   SimResult full = simulate(c.graph, cost);
-  SimResult lean = simulate(c.graph, cost, SimOptions{{}, /*record_timeline=*/false});
+  SimOptions without_timeline;
+  without_timeline.record_timeline = false;
+  SimResult lean = simulate(c.graph, cost, without_timeline);
   EXPECT_TRUE(lean.timeline.empty());
   EXPECT_TRUE(lean.intervals.empty());
   EXPECT_EQ(lean.peak_bytes, full.peak_bytes);

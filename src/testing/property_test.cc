@@ -347,8 +347,8 @@ TEST(PlannerProperties, HoldWithTupleOutputsAndDenseStorages) {
 // replay_pointwise over the same graphs with every plain op tagged pointwise
 // (and some random): checked against the plan of the same graph without it,
 // and by what a replay may read, independently of the planner's own rules.
-std::vector<std::string> check_replays(const Graph& graph, const ActivationPlanOptions& options,
-                                       const PlanResult& with, const PlanResult& without) {
+std::vector<std::string> check_replays(const Graph& graph, const PlanResult& with,
+                                       const PlanResult& without) {
   std::vector<std::string> problems;
   auto fail = [&](const std::string& what) { problems.push_back(what); };
   try {
@@ -430,7 +430,7 @@ TEST(PlannerProperties, HoldWithPointwiseReplays) {
       const PlanResult without = plan_activation_offload(graph, options);
       options.replay_pointwise = true;
       const PlanResult with = plan_activation_offload(graph, options);
-      problems = check_replays(graph, options, with, without);
+      problems = check_replays(graph, with, without);
       replays += static_cast<std::int64_t>(with.plan.replays.size());
     } catch (const std::exception& e) {
       problems.push_back(std::string("plan_activation_offload threw: ") + e.what());
@@ -440,7 +440,9 @@ TEST(PlannerProperties, HoldWithPointwiseReplays) {
     }
   }
   EXPECT_EQ(failing, 0);
-  if (count >= 500) EXPECT_GT(replays, 0) << "no random graph replayed a value";
+  if (count >= 500) {
+    EXPECT_GT(replays, 0) << "no random graph replayed a value";
+  }
   std::printf("%lld replays in %llu graphs\n", static_cast<long long>(replays),
               static_cast<unsigned long long>(count));
 }
