@@ -146,6 +146,39 @@ def test_offload_only_budget_is_bit_exact_under_inductor():
     assert _max_difference(got, want) == 0.0
 
 
+def test_an_offloaded_attention_mask_stays_bit_exact_under_inductor():
+    """Note [Exact pointwise values] (src/plan/budget_problem.cc): the additive mask HF
+    builds for a padded batch, a where between tensors of its dtype that SDPA's
+    backward reads, has the same bits wherever it is computed. Offloading it is
+    allowed without offload_materialised, and stays bit-equal to plain torch.compile."""
+    import re
+
+    base = _tiny_llama(layers=2)
+    steps = [_ids(s) for s in range(2)]
+    padding = torch.ones(BATCH, SEQ, dtype=torch.long)
+    padding[0, :9] = 0
+
+    def masked(run):
+        return lambda ids, labels: run(ids, attention_mask=padding, labels=labels)
+
+    model = copy.deepcopy(base)
+    probe = compiled.compile(model, memory_budget="1KiB", allow_recompute=False, min_bytes=0)
+    with pytest.raises(ValueError, match="smallest reachable peak") as info:
+        masked(probe)(steps[0], labels=steps[0]).loss.backward()
+    smallest = int(re.search(r"smallest reachable peak is [^(]*\((\d+) bytes\)",
+                             str(info.value)).group(1))
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    run = compiled.compile(model, memory_budget=smallest, allow_recompute=False, min_bytes=0)
+    got = _train(model, masked(run), steps)
+    (plan,) = compiled.last_plans()
+    masks = [c for c in plan.budget["choices"] if c["name"].startswith("where")]
+    assert masks and all(c["decision"] == "offload" for c in masks), masks
+    reference = copy.deepcopy(base)
+    want = _train(reference, masked(torch.compile(reference)), steps)
+    assert _max_difference(got, want) == 0.0
+
+
 def test_a_recomputing_budget_under_inductor_stays_within_rounding():
     got, want, plans = _run(0.85, "inductor")
     assert _max_difference(got, want) < 1e-4

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cli/plan_report.h"
+#include "cli/sim_report.h"
 #include "spillway/error.h"
 
 namespace spillway::cli {
@@ -144,6 +145,8 @@ std::string format_budget_text(const BudgetPlan& plan, const std::string& device
   out += "predicted peak:     " + human_bytes(f.peak_bytes) + " at " + f.peak_node + " (" +
          std::string(to_string(f.peak_phase)) + "); without a plan " + human_bytes(b.peak_bytes) +
          "\n";
+  const std::string at_peak = peak_categories_text(plan.simulation);
+  if (!at_peak.empty()) out += "  at the peak:      " + at_peak + "\n";
   out += "predicted step:     " + ms(f.step_ms) + " (" + ratio(f.step_ms, b.step_ms) +
          " of the unplanned " + ms(b.step_ms) + "), compute waiting for copies " +
          ms(f.compute_wait_ms) + ", recomputing " + ms(f.recompute_ms) + "\n";

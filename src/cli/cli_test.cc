@@ -707,8 +707,9 @@ TEST_F(CliTest, BudgetPlansFitAndSayWhatTheyCost) {
   const fs::path graph = fs::path(SPILLWAY_SOURCE_DIR) / "examples/graphs/llama-tiny.json.zst";
   const CliRun text = run("plan '" + graph.string() + "' --budget 90%");
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  for (const char* line : {"budget:", "predicted peak:", "predicted step:", "moved to host:",
-                           "recomputed:", "per block", "model.layers.0"}) {
+  for (const char* line : {"budget:", "predicted peak:", "at the peak:      inputs",
+                           "predicted step:", "moved to host:", "recomputed:", "per block",
+                           "model.layers.0"}) {
     EXPECT_NE(text.out.find(line), std::string::npos) << line << "\n" << text.out;
   }
   const CliRun json = run("plan '" + graph.string() + "' --budget 90% --json");

@@ -50,6 +50,17 @@ std::string peak_place(const Graph& graph, const SimResult& result) {
 
 }  // namespace
 
+std::string peak_categories_text(const SimResult& result) {
+  std::string out;
+  for (int c = 0; c < kMemoryCategoryCount; ++c) {
+    if (result.peak_by_category[c] == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += std::string(to_string(static_cast<MemoryCategory>(c))) + " " +
+           human_bytes(result.peak_by_category[c]);
+  }
+  return out;
+}
+
 std::string format_sim_text(const Graph& graph, const SimResult& result,
                             const DeviceProfile& profile) {
   std::int64_t forward = 0;
@@ -65,17 +76,8 @@ std::string format_sim_text(const Graph& graph, const SimResult& result,
   out << "peak device memory: " << human_bytes(result.peak_bytes) << " (" << result.peak_bytes
       << " bytes) at node " << peak_place(graph, result) << ", " << ms_text(result.peak_time_ms)
       << " into the step\n";
-  std::vector<std::string> parts;
-  for (int c = 0; c < kMemoryCategoryCount; ++c) {
-    if (result.peak_by_category[c] == 0) continue;
-    parts.push_back(std::string(to_string(static_cast<MemoryCategory>(c))) + " " +
-                    human_bytes(result.peak_by_category[c]));
-  }
-  if (!parts.empty()) {
-    out << "  at the peak:      ";
-    for (std::size_t i = 0; i < parts.size(); ++i) out << (i > 0 ? ", " : "") << parts[i];
-    out << "\n";
-  }
+  const std::string at_peak = peak_categories_text(result);
+  if (!at_peak.empty()) out << "  at the peak:      " << at_peak << "\n";
   out << "moved D2H:          " << human_bytes(result.bytes_d2h) << " (D2H stream busy "
       << ms_text(result.d2h_busy_ms) << ")\n";
   out << "moved H2D:          " << human_bytes(result.bytes_h2d) << " (H2D stream busy "

@@ -29,6 +29,10 @@ struct PlanForecast {
 std::string format_sim_text(const Graph& graph, const SimResult& result,
                             const DeviceProfile& profile);
 
+// What is live at the peak, by category: "inputs 1.78 GiB, activations 7.08
+// GiB, ..." (categories holding nothing left out; empty when all are).
+std::string peak_categories_text(const SimResult& result);
+
 // A few lines: predicted step time and peak (human_bytes) of the original and
 // the rewritten graph, side by side, and their differences.
 std::string format_forecast_text(const Graph& original, const Graph& rewritten,

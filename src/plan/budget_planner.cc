@@ -69,24 +69,34 @@ std::int64_t min_reachable(const BudgetProblem& problem) {
                   problem.materialise(plan::everything(problem.model())).forecast.peak_bytes);
 }
 
-// Search, materialise, and search again with the full simulation's overshoot
-// taken off. nullopt when no plan fits.
+// The smallest peak of BudgetProblem::narrow_model (as min_reachable); 0
+// when the problem has none.
+std::int64_t narrow_floor(const BudgetProblem& problem) {
+  const plan::BudgetModel* narrow = problem.narrow_model();
+  if (narrow == nullptr) return 0;
+  return std::min(problem.baseline_peak(),
+                  problem.materialise(plan::everything(*narrow)).forecast.peak_bytes);
+}
+
+// Search `model`, materialise, and search again with the full simulation's
+// overshoot taken off. nullopt when no plan fits.
 // `margin`: what the full simulation added to the model's peak on earlier
 // plans (a recompute's transients); the search aims that much lower, and
 // learns it here for the next budget of a sweep.
-std::optional<BudgetPlan> solve(const BudgetProblem& problem, std::int64_t budget,
-                                std::vector<Decision>& state, std::int64_t& margin) {
+std::optional<BudgetPlan> search(const BudgetProblem& problem, const plan::BudgetModel& model,
+                                 std::int64_t budget, std::vector<Decision>& state,
+                                 std::int64_t& margin) {
   std::int64_t target = budget - margin;
   for (int attempt = 0; attempt < 4; ++attempt) {
-    if (!plan::greedy(problem.model(), target, state)) {
+    if (!plan::greedy(model, target, state)) {
       // The greedy order can strand a candidate on an action that frees less
       // than another would; the most of everything is the last resort.
-      state = plan::everything(problem.model());
+      state = plan::everything(model);
     }
     std::vector<Decision> improved = state;
-    plan::improve(problem.model(), target, improved);
+    plan::improve(model, target, improved);
     BudgetPlan plan = problem.materialise(improved);
-    const std::int64_t model_peak = problem.model().evaluate(improved).peak;
+    const std::int64_t model_peak = model.evaluate(improved).peak;
     margin = std::max(margin, plan.forecast.peak_bytes - model_peak);
     if (plan.forecast.peak_bytes <= budget) return plan;
     // The model misses transients (a recompute's intermediates): aim its
@@ -97,6 +107,28 @@ std::optional<BudgetPlan> solve(const BudgetProblem& problem, std::int64_t budge
     if (target <= 0) break;
   }
   return std::nullopt;
+}
+
+// The narrow model first, where its floor (narrow_floor) allows the budget,
+// then the full one; `state` (a sweep's, carried from budget to budget) is
+// the last search's.
+std::optional<BudgetPlan> solve(const BudgetProblem& problem, std::int64_t budget,
+                                std::vector<Decision>& state, std::int64_t& margin,
+                                std::int64_t floor_without_exact) {
+  const plan::BudgetModel* narrow = problem.narrow_model();
+  if (narrow != nullptr && budget >= floor_without_exact) {
+    std::vector<Decision> narrow_state = state;
+    for (std::size_t i = 0; i < narrow_state.size(); ++i) {
+      if (narrow_state[i] == Decision::kOffload && !narrow->candidates()[i].can_offload) {
+        narrow_state[i] = Decision::kKeep;
+      }
+    }
+    if (std::optional<BudgetPlan> plan = search(problem, *narrow, budget, narrow_state, margin)) {
+      state = std::move(narrow_state);
+      return plan;
+    }
+  }
+  return search(problem, problem.model(), budget, state, margin);
 }
 
 }  // namespace
@@ -132,7 +164,8 @@ BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& requested
     return plan;
   }
   std::int64_t margin = 0;
-  std::optional<BudgetPlan> plan = solve(problem, options.budget_bytes, state, margin);
+  std::optional<BudgetPlan> plan =
+      solve(problem, options.budget_bytes, state, margin, narrow_floor(problem));
   if (!plan) {
     const std::int64_t floor = min_reachable(problem);
     throw OutOfMemory("plan", "no plan fits a budget of " + gib(options.budget_bytes) +
@@ -167,13 +200,14 @@ std::vector<BudgetPlan> sweep_memory_budget(const Graph& graph, const BudgetOpti
   std::vector<BudgetPlan> plans;
   std::vector<Decision> state = problem.initial();
   std::int64_t margin = 0;
+  const std::int64_t floor_without_exact = narrow_floor(problem);
   for (std::int64_t budget : budgets) {
     if (budget <= 0) continue;
     std::optional<BudgetPlan> plan;
     if (budget >= top) {
       plan = problem.unchanged();
     } else {
-      plan = solve(problem, budget, state, margin);
+      plan = solve(problem, budget, state, margin, floor_without_exact);
     }
     if (!plan) continue;
     plan->options.budget_bytes = budget;

@@ -216,6 +216,86 @@ TEST(PartitionerMode, AValueABackwardMatmulReadsIsSavedAndMayBeOffloaded) {
   }
 }
 
+// Note [Exact pointwise values] (budget_problem.cc): a value that a backward
+// matmul reads and that no kernel can round (where.self between tensors of
+// its dtype, a widening cast) may be offloaded without offload_materialised;
+// a where mixing dtypes, or an add, may not.
+TEST(PartitionerMode, AnExactValueABackwardMatmulReadsMayBeOffloaded) {
+  GraphBuilder b("mask");
+  OpSchema pointwise2 = testing::pure_schema("aten", {"self", "other"});
+  pointwise2.is_pointwise = true;
+  OpSchema where = testing::pure_schema("aten", {"condition", "self", "other"});
+  where.is_pointwise = true;
+  OpSchema cast = testing::pure_schema("aten", {"self"}, {"dtype"});
+  cast.is_pointwise = true;
+  b.op("aten.add.Tensor", pointwise2);
+  b.op("aten.where.self", where);
+  b.op("aten._to_copy.default", cast);
+  const TensorInfo t = GraphBuilder::tensor({1024, 1024});
+  const TensorInfo fp32 = GraphBuilder::tensor({1024, 1024}, {}, 4, "float32");
+  const TensorInfo flag = GraphBuilder::tensor({1024, 1024}, {}, 1, "bool");
+  auto x = b.input("x", t);
+  auto w = b.input("w", t);
+  auto c = b.input("c", flag);
+  auto x32 = b.input("x32", fp32);
+  b.within("model.layers.0.self_attn");
+  auto m = b.named("m").call("aten.mm.default", {x, w}, t);
+  auto mask = b.named("mask").call("aten.where.self", {c, m, w}, t);
+  auto mixed = b.named("mixed").call("aten.where.self", {c, x32, m}, t);
+  auto wide = b.named("wide").call("aten._to_copy.default", {m}, fp32);
+  auto sum = b.named("sum").call("aten.add.Tensor", {m, w}, t);
+  auto y = b.named("y").call("aten.mm.default", {mask, mixed}, t);
+  b.backward();
+  std::vector<Arg> grads;
+  for (auto v : {mask, mixed, sum}) grads.push_back(b.call("aten.mm.default", {v, w}, t));
+  grads.push_back(b.call("aten.mm.default", {wide, x32}, fp32));
+  b.module({});
+  grads.push_back(y);
+  b.output(grads);
+  const Graph graph = b.build();
+
+  BudgetOptions options = with_budget(std::int64_t{1} << 40);
+  options.partitioner_recomputes_pointwise = true;
+  options.min_bytes = 0;
+  const BudgetPlan plan = plan_memory_budget(graph, options, CostModel(h200_profile()));
+  EXPECT_TRUE(choice_named(plan, "mask").can_offload);
+  EXPECT_TRUE(choice_named(plan, "wide").can_offload);
+  EXPECT_FALSE(choice_named(plan, "mixed").can_offload);
+  EXPECT_FALSE(choice_named(plan, "sum").can_offload);
+}
+
+// On T1's compiled graph the exact values (each layer's attention mask) take
+// the smallest reachable peak down, and leave every plan above the old floor
+// as it was: the search tries the candidates without them first.
+TEST(PartitionerMode, ExactOffloadsReachLowerAndChangeNothingAbove) {
+  const Graph graph = shipped("t1-h200-timed.json.zst");
+  const CostModel cost(h200_profile());
+  BudgetOptions options = with_budget(1);
+  options.partitioner_recomputes_pointwise = true;
+  const plan::BudgetProblem problem(graph, options, cost);
+  ASSERT_NE(problem.narrow_model(), nullptr);
+  const std::int64_t floor = problem.materialise(plan::everything(problem.model())).forecast.peak_bytes;
+  const std::int64_t narrow_floor =
+      problem.materialise(plan::everything(*problem.narrow_model())).forecast.peak_bytes;
+  EXPECT_LT(floor, narrow_floor - (std::int64_t{1} << 30)) << "masks: 128 MiB in each of 16 layers";
+
+  auto masks_offloaded = [](const BudgetPlan& plan) {
+    int n = 0;
+    for (const BudgetChoice& c : plan.choices) {
+      n += c.decision == Decision::kOffload && c.name.rfind("where", 0) == 0;
+    }
+    return n;
+  };
+  options.budget_bytes = narrow_floor + (narrow_floor >> 3);
+  const BudgetPlan above = plan_memory_budget(graph, options, cost);
+  EXPECT_EQ(masks_offloaded(above), 0);
+  options.budget_bytes = (floor + narrow_floor) / 2;
+  const BudgetPlan below = plan_memory_budget(graph, options, cost);
+  EXPECT_LE(below.forecast.peak_bytes, options.budget_bytes);
+  EXPECT_GT(masks_offloaded(below), 0);
+  EXPECT_EQ(below.min_reachable_bytes, floor);
+}
+
 // The default search against the exact optimum, on one block's candidates of
 // each shipped tiny graph (scope restricts them to a dozen or fewer).
 TEST(BudgetSearchGap, GreedyIsCloseToTheExactOptimum) {

@@ -29,6 +29,38 @@ bool fusible(const Graph& graph, const Node& node) {
 // as they are. Such a value lands in memory in bf16 in any case, so it may
 // be offloaded too (the fusible() ban below is about values Inductor never
 // writes out).
+// Note [Exact pointwise values]
+// A pointwise value each of whose elements is an input element unchanged has
+// the same bits wherever it is computed: offloading it, once the partitioner
+// writes it out anyway (Note [Materialised in backward]), changes no result.
+// Not so for an add or a SiLU: Inductor keeps those in fp32 inside the
+// kernels that recompute them, and rounds them only where it writes them
+// (BudgetOptions::offload_materialised). Exact: where.self choosing between
+// tensors of its own dtype (the attention mask torch.compile builds in each
+// layer, where(causal, 0, min) in bf16, which SDPA's backward reads: 128 MiB
+// a layer on T1), a cast to a float dtype that holds every value of the
+// input's, clone.
+bool exact_when_written(const analysis::GraphIndex& index, const Node& node) {
+  if (!node.value.is_tensor()) return false;
+  const std::string& out = node.value.tensor.dtype;
+  auto dtype_of = [&](const Arg& arg) -> std::string {
+    if (arg.kind != Arg::Kind::kNode) return {};
+    const Node& input = index.node(arg.node);
+    return input.value.is_tensor() ? input.value.tensor.dtype : std::string{};
+  };
+  if (node.target == "aten.clone.default") return true;
+  if (node.target == "aten.where.self") {
+    return node.args.size() == 3 && dtype_of(node.args[1]) == out && dtype_of(node.args[2]) == out;
+  }
+  if (node.target == "aten._to_copy.default" && !node.args.empty()) {
+    const std::string in = dtype_of(node.args[0]);
+    if (in == out) return !in.empty();
+    const bool half = in == "bfloat16" || in == "float16";
+    return (half && (out == "float32" || out == "float64")) || (in == "float32" && out == "float64");
+  }
+  return false;
+}
+
 bool materialised_in_backward(const analysis::GraphIndex& index,
                               const analysis::StorageGroups& groups, const Node& node) {
   const std::optional<std::int64_t> storage = analysis::storage_of(node);
@@ -342,9 +374,13 @@ void BudgetProblem::probe_candidates() {
     // Llama on the H200 lost bit-exactness that way (2026-12-01). A value
     // materialised in backward is written out in its own dtype all the same
     // (Note [Materialised in backward]), and may be offloaded on request
-    // (BudgetOptions::offload_materialised: not bit-exact).
+    // (BudgetOptions::offload_materialised: not bit-exact), and always where
+    // no kernel can round it (Note [Exact pointwise values]).
     if (partitioner && fusible(graph_, node) && !(options_.offload_materialised && materialised)) {
       probe.can_offload = false;
+      if (materialised && options_.allow_offload && exact_when_written(index_, node)) {
+        probe.can_offload = probe.exact_offload = true;
+      }
     }
     if (!options_.allow_recompute) continue;
     const std::unordered_set<NodeId> only{id};
@@ -475,6 +511,14 @@ void BudgetProblem::build_model() {
       for (std::size_t p : probe.producers) c.recompute_ms += node_ms[p];
     }
     model.push_back(std::move(c));
+  }
+  if (std::any_of(probes_.begin(), probes_.end(), [](const Probe& p) { return p.exact_offload; })) {
+    std::vector<ModelCandidate> narrow = model;
+    for (std::size_t i = 0; i < narrow.size(); ++i) {
+      if (probes_[i].exact_offload) narrow[i].can_offload = false;
+    }
+    narrow_model_ = std::make_unique<BudgetModel>(std::move(narrow), node_ms, live, reload_anchor,
+                                                  cost_);
   }
   model_ = std::make_unique<BudgetModel>(std::move(model), std::move(node_ms), std::move(live),
                                                std::move(reload_anchor), cost_);

@@ -33,6 +33,11 @@ class BudgetProblem {
   const Graph& graph() const { return graph_; }
   const BudgetOptions& options() const { return options_; }
   const BudgetModel& model() const { return *model_; }
+  // model() without the offloads only Note [Exact pointwise values] allows
+  // (budget_problem.cc; same candidates, those offloads not allowed), tried
+  // first: the greedy search takes a mask's 128 MiB before two 64 MiB values
+  // that cost less to move. nullptr when no candidate has such an offload.
+  const BudgetModel* narrow_model() const { return narrow_model_.get(); }
   // The full simulation of the graph as given.
   const SimResult& baseline() const { return baseline_; }
   // What the plan leaves as it is: every candidate kept, but those the
@@ -82,6 +87,7 @@ class BudgetProblem {
     bool can_offload = false;
     bool can_recompute = false;
     bool free_recompute = false;  // BudgetOptions::partitioner_recomputes_pointwise
+    bool exact_offload = false;   // offloadable by Note [Exact pointwise values] alone
     std::vector<std::size_t> producers;  // positions the recompute runs
     std::vector<std::size_t> reads;      // candidates it reads, as indices into candidates_
   };
@@ -91,6 +97,7 @@ class BudgetProblem {
   std::unordered_set<NodeId> saved_;  // forward tensor values backward reads
   SimResult baseline_;
   std::unique_ptr<BudgetModel> model_;
+  std::unique_ptr<BudgetModel> narrow_model_;
   std::vector<Decision> initial_;
   Forecast baseline_forecast_;
   SimResult baseline_simulation_;  // of initial(), with its timeline

@@ -164,11 +164,14 @@ std::vector<Decision> everything(const BudgetModel& model) {
   std::vector<Decision> d(model.size(), Decision::kKeep);
   for (std::size_t i = 0; i < model.size(); ++i) {
     const ModelCandidate& c = model.candidates()[i];
-    d[i] = c.can_recompute ? Decision::kRecompute : Decision::kOffload;
+    if (c.can_recompute) {
+      d[i] = Decision::kRecompute;
+    } else if (c.can_offload) {
+      d[i] = Decision::kOffload;
+    }
   }
   return d;
 }
-
 
 std::optional<std::vector<Decision>> exact(const BudgetModel& model, std::int64_t budget,
                                            std::size_t max_candidates) {

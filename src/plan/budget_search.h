@@ -22,7 +22,7 @@ bool greedy(const BudgetModel& model, std::int64_t budget, std::vector<Decision>
 void improve(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d);
 
 // The most each candidate can take off: recompute where allowed (it frees
-// longer), else offload.
+// longer), else offload where allowed, else keep.
 std::vector<Decision> everything(const BudgetModel& model);
 
 // The exact optimum on the model: every combination of allowed decisions

@@ -674,7 +674,9 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     inputs) may be offloaded too. Faster at small budgets, but not bit-exact:
     plain torch.compile's partitioner rebuilds some of them in backward in
     other kernels (4.8e-7 on a bf16 tiny Llama, H200). Off, a plan that
-    recomputes nothing is bit-equal to plain torch.compile.
+    recomputes nothing is bit-equal to plain torch.compile: only such values
+    that no kernel can round are offloaded (the attention mask, a where
+    between tensors of its dtype; a widening cast; clone).
     scope: leaf module name whose activations may move ("self_attn", "mlp");
     default "self_attn" without memory_budget, every block with it.
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
