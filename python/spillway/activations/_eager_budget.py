@@ -88,7 +88,7 @@ from torch.utils.checkpoint import checkpoint
 
 from spillway import _budget
 from spillway.activations import eager
-from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of
+from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of, storage_key
 from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
                                                 calibration_offset, placeholder_bytes,
                                                 rebuild_ms)
@@ -175,13 +175,6 @@ def _tensors(value, depth: int = 3) -> list[torch.Tensor]:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _tensors(v, depth - 1)]
     return []
-
-
-def _storage_key(t: torch.Tensor):
-    try:
-        return StorageWeakRef(t.untyped_storage())
-    except (RuntimeError, NotImplementedError):
-        return None  # no storage (sparse, nested, a subclass without one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -536,7 +529,7 @@ class BudgetedOffload(eager.OffloadActivations):
         if policy is None or not (policy.offload_saved or policy.offload_input
                                   or policy.offload_cheap):
             return False
-        keys = frozenset(k for k in map(_storage_key, _tensors(args)) if k is not None)
+        keys = frozenset(k for k in map(storage_key, _tensors(args)) if k is not None)
         self._layer_policy[self._next_layer] = dataclasses.replace(policy, input_keys=keys)
         return True
 
@@ -547,7 +540,7 @@ class BudgetedOffload(eager.OffloadActivations):
         elif reason is None:
             policy = self._layer_policy.get(self._current.index)
             if policy is not None:
-                is_input = _storage_key(t) in policy.input_keys
+                is_input = storage_key(t) in policy.input_keys
                 offload = (policy.offload_input if is_input else
                            policy.offload_cheap if self._packing_cheap else policy.offload_saved)
                 if not offload:
@@ -556,7 +549,7 @@ class BudgetedOffload(eager.OffloadActivations):
 
     def _count_outside(self, t) -> None:
         rec = self._recording
-        key = _storage_key(t)
+        key = storage_key(t)
         if rec is None or key is None or key in rec.params or t.device != self._device:
             return
         where = rec.post_saved if rec.calls else rec.pre_saved
@@ -669,7 +662,7 @@ class BudgetedOffload(eager.OffloadActivations):
         rec.calls.append(call)
         rec.marks.append(marks)
         inputs = _tensors(args) + _tensors(kwargs)
-        input_keys = {k for k in map(_storage_key, inputs) if k is not None}
+        input_keys = {k for k in map(storage_key, inputs) if k is not None}
         if inputs:
             call.input_bytes = inputs[0].untyped_storage().nbytes()
             if inputs[0].requires_grad:
@@ -718,7 +711,7 @@ class BudgetedOffload(eager.OffloadActivations):
         ops: dict[int, object] = {}
 
         def extra(t):  # held by a recipe: saved like the rest
-            key = _storage_key(t)
+            key = storage_key(t)
             if key is not None:
                 seen[key] = t.untyped_storage().nbytes()
                 cheap[key] = False
@@ -727,7 +720,7 @@ class BudgetedOffload(eager.OffloadActivations):
         scope = RecipeScope(recorder, share_handles=False, pack_extra=extra)
 
         def pack(t):
-            key = _storage_key(t)
+            key = storage_key(t)
             if key is not None and key not in rec.params and t.device == self._device:
                 seen[key] = t.untyped_storage().nbytes()
                 node = scope.node_for(t)
@@ -740,7 +733,7 @@ class BudgetedOffload(eager.OffloadActivations):
 
         with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack), recorder:
             out = original(*args, **kwargs)
-        output_keys = {k for k in map(_storage_key, _tensors(out)) if k is not None}
+        output_keys = {k for k in map(storage_key, _tensors(out)) if k is not None}
         outside = input_keys | output_keys
         call.saved_bytes = sum(n for k, n in seen.items() if k not in outside)
         call.cheap_bytes = sum(n for k, n in seen.items() if k not in outside and cheap[k])

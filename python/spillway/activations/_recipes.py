@@ -89,10 +89,11 @@ def _layout(t: torch.Tensor) -> tuple:
     return (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
-def _storage(t: torch.Tensor) -> StorageWeakRef | None:
+def storage_key(t: torch.Tensor) -> StorageWeakRef | None:
     """t's storage, weakly: equal for tensors on one storage. While such a reference
     exists the storage object's address is not reused (its data may be freed), so it
-    names one storage even after that storage is gone."""
+    names one storage even after that storage is gone. None for a tensor without a
+    storage (sparse, nested, a subclass without one) or with no bytes."""
     try:
         storage = t.untyped_storage()
     except (RuntimeError, NotImplementedError):
@@ -155,7 +156,7 @@ class Recorder(TorchFunctionMode):
         self.params = params
 
     def _arg(self, t: torch.Tensor) -> _Arg:
-        storage = _storage(t)
+        storage = storage_key(t)
         param = self.params.get(t.untyped_storage().data_ptr()) if storage is not None else None
         return _Arg(t, storage, param)
 
@@ -175,7 +176,7 @@ class Recorder(TorchFunctionMode):
         out = func(*args, **kwargs)
         if type(out) is not torch.Tensor or out.layout != torch.strided:
             return out
-        storage = _storage(out)
+        storage = storage_key(out)
         if storage is None:
             return out
         ptr = out.untyped_storage().data_ptr()
@@ -367,13 +368,13 @@ class RecipeScope:
         self.results = _Results()
 
     def note_packed(self, t: torch.Tensor, packed) -> None:
-        storage = _storage(t)
+        storage = storage_key(t)
         if storage is not None:
             self.packed[(storage, _layout(t))] = (packed, t._version)
 
     def node_for(self, t: torch.Tensor) -> _Node | None:
         """The recipe that rebuilds t's storage, or None (t is then saved as usual)."""
-        storage = _storage(t)
+        storage = storage_key(t)
         if storage is None:
             return None
         node = self._node(storage, t._version, {}, 0)
@@ -391,7 +392,7 @@ class RecipeScope:
                 if not isinstance(leaf, _Extra):
                     return leaf
                 t = leaf.tensor
-                key = (_storage(t), leaf.layout)
+                key = (storage_key(t), leaf.layout)
                 known = self.packed.get(key)
                 if known is None or known[1] != leaf.version:
                     self.note_packed(t, self.pack_extra(t))
