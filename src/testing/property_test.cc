@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
