@@ -16,6 +16,7 @@ this says which buffers make the difference. Writes DIR/<method>.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import linecache
 import os
 import re
@@ -74,7 +75,6 @@ def snapshot(spec: str, out_dir: str) -> str:
     peak_measured = torch.cuda.max_memory_allocated()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    import gc
     end = torch.cuda.memory_allocated()
     gc.collect()
     after_gc = torch.cuda.memory_allocated()

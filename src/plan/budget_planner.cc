@@ -62,20 +62,21 @@ void validate(const BudgetOptions& options) {
   }
 }
 
-// The smaller of the unchanged graph's peak and that of every candidate
-// taken off (recompute where allowed, else offload).
-std::int64_t min_reachable(const BudgetProblem& problem) {
+// The smaller of the unchanged graph's peak and that of every candidate of
+// `model` taken off (recompute where allowed, else offload).
+std::int64_t min_reachable(const BudgetProblem& problem, const plan::BudgetModel& model) {
   return std::min(problem.baseline_peak(),
-                  problem.materialise(plan::everything(problem.model())).forecast.peak_bytes);
+                  problem.materialise(plan::everything(model)).forecast.peak_bytes);
 }
 
-// The smallest peak of BudgetProblem::narrow_model (as min_reachable); 0
-// when the problem has none.
+std::int64_t min_reachable(const BudgetProblem& problem) {
+  return min_reachable(problem, problem.model());
+}
+
+// min_reachable of BudgetProblem::narrow_model; 0 when the problem has none.
 std::int64_t narrow_floor(const BudgetProblem& problem) {
   const plan::BudgetModel* narrow = problem.narrow_model();
-  if (narrow == nullptr) return 0;
-  return std::min(problem.baseline_peak(),
-                  problem.materialise(plan::everything(*narrow)).forecast.peak_bytes);
+  return narrow == nullptr ? 0 : min_reachable(problem, *narrow);
 }
 
 // Search `model`, materialise, and search again with the full simulation's

@@ -29,6 +29,22 @@ bool fusible(const Graph& graph, const Node& node) {
 // as they are. Such a value lands in memory in bf16 in any case, so it may
 // be offloaded too (the fusible() ban below is about values Inductor never
 // writes out).
+bool materialised_in_backward(const analysis::GraphIndex& index,
+                              const analysis::StorageGroups& groups, const Node& node) {
+  const std::optional<std::int64_t> storage = analysis::storage_of(node);
+  const analysis::StorageGroup* group = storage ? groups.find(*storage) : nullptr;
+  if (group == nullptr) return false;
+  for (NodeId member : group->members) {
+    for (NodeId user : index.users(member)) {
+      const Node& reader = index.node(user);
+      if (reader.phase != Phase::kBackward) continue;
+      if (analysis::storage_of(reader) == storage) continue;  // a view: its readers count
+      if (!analysis::is_inductor_fused(reader, index.schema_of(reader))) return true;
+    }
+  }
+  return false;
+}
+
 // Note [Exact pointwise values]
 // A pointwise value each of whose elements is an input element unchanged has
 // the same bits wherever it is computed: offloading it, once the partitioner
@@ -57,22 +73,6 @@ bool exact_when_written(const analysis::GraphIndex& index, const Node& node) {
     if (in == out) return !in.empty();
     const bool half = in == "bfloat16" || in == "float16";
     return (half && (out == "float32" || out == "float64")) || (in == "float32" && out == "float64");
-  }
-  return false;
-}
-
-bool materialised_in_backward(const analysis::GraphIndex& index,
-                              const analysis::StorageGroups& groups, const Node& node) {
-  const std::optional<std::int64_t> storage = analysis::storage_of(node);
-  const analysis::StorageGroup* group = storage ? groups.find(*storage) : nullptr;
-  if (group == nullptr) return false;
-  for (NodeId member : group->members) {
-    for (NodeId user : index.users(member)) {
-      const Node& reader = index.node(user);
-      if (reader.phase != Phase::kBackward) continue;
-      if (analysis::storage_of(reader) == storage) continue;  // a view: its readers count
-      if (!analysis::is_inductor_fused(reader, index.schema_of(reader))) return true;
-    }
   }
   return false;
 }
