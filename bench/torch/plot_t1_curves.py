@@ -3,13 +3,14 @@
 spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
-        --eager bench/results/2026-12-01-t1-eager-budget-v3-h200.json \
-        --eager-peers bench/results/2026-12-01-t1-eager-budget-v2-h200.json \
-        --compiled bench/results/2026-12-01-t1-compiled-budget-v5-h200.json \
-        --compiled bench/results/2026-12-01-t1-compiled-peers-v2-h200.json
+        --eager bench/results/2026-12-01-t1-eager-budget-v5-h200.json \
+        --compiled bench/results/2026-12-01-t1-compiled-budget-v6a-h200.json \
+        --compiled bench/results/2026-12-01-t1-compiled-budget-v6c-h200.json \
+        --compiled bench/results/2026-12-01-t1-compiled-budget-v6b-h200.json
 
 --eager and --compiled take t1.py JSON files (--compiled may repeat: each
-file's points are relative to its own `compiled` method); --eager-peers
+file's points are relative to its own `compiled` method, or to the previous
+file's when it has none); --eager-peers
 (may repeat) a t1.py JSON whose peers only are drawn, relative to its own
 `none` (an earlier run's peers beside a new Spillway series); --compiled-log a
 t1.py log ("[t1] method: X ms, activation Y GiB" lines), for a run whose JSON
@@ -46,13 +47,18 @@ def _from_log(path: str) -> list[tuple[str, float, float]]:
     return points
 
 
-def _relative(points, base_name):
-    """(method, step time / the base method's, activation GiB) for one run's points."""
-    base = next(ms for m, ms, _ in points if m == base_name)
+def _relative(points, base_name, base=None):
+    """(method, step time / the base method's, activation GiB) for one run's points.
+
+    A run without the base method takes `base` (ms), the one of the run before it."""
+    base = next((ms for m, ms, _ in points if m == base_name), base)
+    if base is None:
+        raise SystemExit(f"plot_t1_curves: a run without {base_name!r} came first")
     return [(m, ms / base, act) for m, ms, act in points]
 
 
 _TOP = 1.6
+_EXACT = "offload_materialised=0"  # spillway-compiled's bit-exact mode: its own marker
 
 
 def _label(method: str) -> str:
@@ -70,11 +76,12 @@ def _label(method: str) -> str:
     return method
 
 
-def _panel(ax, points, base_name, title, spillway_prefix):
+def _panel(ax, points, base_name, title, spillway_prefix, legend_loc):
     """points: (method, relative step time, activation GiB)."""
     peers = [(m, x, act) for m, x, act in points if not m.startswith(spillway_prefix)]
-    ours = sorted(((x, act) for m, x, act in points if m.startswith(spillway_prefix)),
-                  key=lambda p: p[1])
+    ours = sorted(((x, act) for m, x, act in points
+                   if m.startswith(spillway_prefix) and _EXACT not in m), key=lambda p: p[1])
+    exact = [(x, act) for m, x, act in points if m.startswith(spillway_prefix) and _EXACT in m]
     seen, above = set(), 0
     for m, x, act in peers:
         if m in seen:
@@ -94,11 +101,14 @@ def _panel(ax, points, base_name, title, spillway_prefix):
     if ours:
         ax.plot([a for _, a in ours], [x for x, _ in ours], "-o", color="tab:blue",
                 label="spillway, memory_budget", zorder=4)
+    if exact:
+        ax.scatter([a for _, a in exact], [x for x, _ in exact], marker="s", color="tab:green",
+                   label="spillway, bit-exact mode (offload_materialised=0)", zorder=5)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("activation memory above the weights (GiB)")
     ax.set_ylabel(f"step time (x {_label(base_name)})")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=8)
+    ax.legend(loc=legend_loc, fontsize=8)
 
 
 def main() -> int:
@@ -112,7 +122,11 @@ def main() -> int:
     args = parser.parse_args()
     if not args.compiled and not args.compiled_log:
         parser.error("give --compiled (t1.py JSON, may repeat) or --compiled-log")
-    compiled = [p for path in args.compiled for p in _relative(_from_json(path), "compiled")]
+    compiled, base = [], None
+    for path in args.compiled:
+        points = _from_json(path)
+        base = next((ms for m, ms, _ in points if m == "compiled"), base)
+        compiled += _relative(points, "compiled", base)
     if args.compiled_log:
         compiled += _relative(_from_log(args.compiled_log), "compiled")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
@@ -121,9 +135,9 @@ def main() -> int:
         eager += [p for p in _relative(_from_json(path), "none")
                   if not p[0].startswith("spillway")]
     _panel(left, eager, "none",
-           "T1 eager, H200 (2026-12-01)", "spillway-eager-budget")
+           "T1 eager, H200 (2026-12-01)", "spillway-eager-budget", "upper right")
     _panel(right, compiled, "compiled", "T1 torch.compile, H200 (2026-12-01)",
-           "spillway-compiled")
+           "spillway-compiled", "upper center")
     fig.tight_layout()
     fig.savefig(args.out)
     print(f"wrote {args.out}")
