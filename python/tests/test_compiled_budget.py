@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -210,6 +211,25 @@ def test_an_unreachable_budget_names_the_smallest_reachable_peak():
     run = compiled.compile(model, backend="aot_eager", memory_budget="1KiB")
     with pytest.raises(ValueError, match="smallest reachable peak"):
         run(_ids(0), labels=_ids(0)).loss.backward()
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_graph_returning_more_gradient_tensors_than_the_logits_warns(use_cache):
+    # The cache's keys and values are outputs that require grad: the compiled
+    # backward gets a zero gradient for each, which the budget must hold (on
+    # T1, 32 x 64 MiB; the planner's floor 4 GiB higher).
+    model = _tiny_llama(layers=2)
+    run = compiled.compile(model, backend="aot_eager", memory_budget=0.95, min_bytes=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(_ids(0), labels=_ids(0), use_cache=use_cache).loss.backward()
+    said = [str(w.message) for w in caught if "[compiled] a compiled graph returns" in str(w.message)]
+    if use_cache:
+        # logits, then a key and a value per layer; a warning per compile() call
+        assert len(said) == 1 and "returns 5 tensors that require grad" in said[0], said
+        assert "use_cache=False" in said[0]
+    else:
+        assert said == []
 
 
 def test_kept_gradients_come_off_a_byte_budget():

@@ -81,6 +81,7 @@ from spillway.activations._compiled_apply import EditReplayer
 from spillway.activations._compiled_cse import merge_common_subexpressions
 from spillway.activations._module_labels import leaf_name, module_labels
 from spillway.fx_export import export_graph_module
+from spillway.fx_export._serialize import _hint_of
 
 __all__ = ["CompiledPlan", "compile", "last_plans", "spillway_op_counts"]
 
@@ -257,6 +258,7 @@ class _Session:
         # graph shares the most node names with it (the partitioner keeps them).
         self.pending_forward: CompiledPlan | None = None
         self.pending_backward: list[tuple[CompiledPlan, frozenset[str]]] = []
+        self.warned_zero_gradients = False  # _budget_pass warns once per compile()
 
     # -- the joint pass -----------------------------------------------------------
 
@@ -294,6 +296,17 @@ class _Session:
 
     def _budget_pass(self, graph: torch.fx.Graph, gm: Any, exported: dict, merged: bool) -> None:
         """memory_budget mode: keep / offload / recompute per saved value (budget.h)."""
+        if not self.warned_zero_gradients:
+            count, total = _tensor_tangents(graph)
+            if count > 1:
+                self.warned_zero_gradients = True
+                warnings.warn(
+                    f"[compiled] a compiled graph returns {count} tensors that require grad "
+                    f"({total / 2**30:.2f} GiB) besides its scalars: its backward takes a "
+                    "gradient for each, zeros allocated when backward starts where only the "
+                    "loss is backpropagated, and the memory budget holds them. A Hugging Face "
+                    "model returns its keys and values too unless called with use_cache=False",
+                    stacklevel=2)
         text = json.dumps(exported)
         options = self.budget["options"]
         spec = self.budget["spec"]
@@ -418,6 +431,27 @@ def _outputs(graph: torch.fx.Graph) -> tuple[list[str], list[int]]:
 
     torch.fx.node.map_arg(output.args, visit)
     return names, sizes
+
+
+def _tensor_tangents(graph: torch.fx.Graph) -> tuple[int, int]:
+    """How many of a joint graph's tangents (the gradients of its outputs that
+    require grad) are tensors of more than one element, and their bytes."""
+    count = total = 0
+    for node in graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if not node.name.startswith("tangents") or not isinstance(value, torch.Tensor):
+            continue
+        numel = value.numel()
+        if isinstance(numel, torch.SymInt):
+            # The hint, not int(): int() would guard the compiled graph on the size.
+            numel = _hint_of(numel.node)
+            if numel is None:  # no hint: counted, its bytes unknown
+                count += 1
+                continue
+        if numel > 1:
+            count += 1
+            total += numel * value.element_size()
+    return count, total
 
 
 def _is_backward_graph(graph: torch.fx.Graph) -> bool:
@@ -659,8 +693,12 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     one). scope then only restricts the candidates. A fraction is taken of
     each joint graph's simulated peak; bytes apply to each graph. Each
     graph's plan says what it predicts (last_plans()[i].forecast()) and where
-    the partitioner departed from it (.departures). Without memory_budget:
-    the scope policy below.
+    the partitioner departed from it (.departures). Every output that
+    requires grad gets a gradient in the compiled backward, zeros where only
+    the loss is backpropagated, and the budget holds them: a graph with more
+    than one such tensor output warns once (a Hugging Face model's key/value
+    cache: call it with use_cache=False). Without memory_budget: the scope
+    policy below.
     grads_kept: with memory_budget in bytes, the training loop keeps the
     parameters' .grad from one step to the next (gradient accumulation, or no
     zero_grad(set_to_none=True) before the step): those gradients are held
