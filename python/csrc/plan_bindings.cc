@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "bindings.h"
@@ -42,10 +43,34 @@ ActivationPlanOptions::PrefetchAnchor parse_prefetch_anchor(const std::string& a
 
 }  // namespace
 
+namespace {
+
+// A node input in the rewritten graph that names a node no earlier edit has
+// inserted takes the input the edit inserted the node with: the Python side
+// replays the edits in order. The budget planner's preparation (Note [Upcast
+// sources], src/plan/upcast_sources.h) inserts a backward cast of a value
+// that a later offload redirects to its reload.
+void inputs_as_inserted(json& arg, const Arg& inserted, const std::unordered_set<NodeId>& later) {
+  if (arg.is_object() && arg.contains("node")) {
+    if (later.count(arg.at("node").get<NodeId>()) && inserted.kind == Arg::Kind::kNode) {
+      arg["node"] = inserted.node;
+    }
+  } else if (arg.is_array() && inserted.kind == Arg::Kind::kList &&
+             arg.size() == inserted.list.size()) {
+    for (std::size_t i = 0; i < arg.size(); ++i) inputs_as_inserted(arg[i], inserted.list[i], later);
+  }
+}
+
+}  // namespace
+
 json edit_list(const Graph& rewritten, const std::vector<Edit>& edits_in) {
   const json graph = json::parse(write_graph(rewritten));
   std::unordered_map<NodeId, const json*> node_by_id;
   for (const json& node : graph.at("nodes")) node_by_id.emplace(node.at("id").get<NodeId>(), &node);
+  std::unordered_set<NodeId> later;  // inserted by an edit not yet listed
+  for (const Edit& edit : edits_in) {
+    if (edit.kind != EditKind::kRedirect) later.insert(edit.node.id);
+  }
 
   json edits = json::array();
   for (const Edit& edit : edits_in) {
@@ -60,7 +85,16 @@ json edit_list(const Graph& rewritten, const std::vector<Edit>& edits_in) {
         throw Error("plan", "edit node " + std::to_string(edit.node.id) + " (" + edit.node.name +
                                 ") is missing from the rewritten graph");
       }
+      later.erase(edit.node.id);
       entry["node"] = *it->second;
+      json& args = entry["node"]["args"];
+      for (std::size_t i = 0; i < args.size() && i < edit.node.args.size(); ++i) {
+        inputs_as_inserted(args[i], edit.node.args[i], later);
+      }
+      json& kwargs = entry["node"]["kwargs"];
+      for (const auto& [key, arg] : edit.node.kwargs) {
+        if (kwargs.is_object() && kwargs.contains(key)) inputs_as_inserted(kwargs[key], arg, later);
+      }
       entry["anchor"] = edit.anchor;
       entry["placement"] = edit.placement == Placement::kAfter ? "after" : "before";
     }

@@ -185,6 +185,35 @@ def test_a_recomputing_budget_under_inductor_stays_within_rounding():
     assert _max_difference(got, want) < 1e-4
 
 
+def test_offload_materialised_moves_the_residual_stream_under_inductor():
+    """Note [Upcast sources] (src/plan/upcast_sources.h): in bf16 the residual each
+    RMSNorm upcasts may be offloaded in the fast mode, the cast rebuilt in backward
+    from its reload; the partitioner then keeps no moved value on the device, and the
+    result stays within bf16 rounding of plain torch.compile."""
+    import re
+
+    base = _tiny_llama(layers=2).to(torch.bfloat16)
+    steps = [_ids(s) for s in range(2)]
+    model = copy.deepcopy(base)
+    probe = compiled.compile(model, memory_budget="1KiB", offload_materialised=True, min_bytes=0)
+    with pytest.raises(ValueError, match="smallest reachable peak") as info:
+        probe(steps[0], labels=steps[0]).loss.backward()
+    smallest = int(re.search(r"smallest reachable peak is [^(]*\((\d+) bytes\)",
+                             str(info.value)).group(1))
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    run = compiled.compile(model, memory_budget=smallest, offload_materialised=True, min_bytes=0)
+    got = _train(model, run, steps)
+    (plan,) = compiled.last_plans()
+    upcasts = [r for r in plan.backward_replays if r.endswith("_upcast")]
+    assert len(upcasts) == 4, plan.backward_replays  # two RMSNorms a layer
+    assert not [d for d in plan.departures if "offload in the plan" in d], plan.departures
+    torch._dynamo.reset()
+    reference = copy.deepcopy(base)
+    want = _train(reference, torch.compile(reference), steps)
+    assert _max_difference(got, want) < 1e-2
+
+
 def test_the_forecast_comes_with_a_trace_and_a_picture(tmp_path):
     _, _, plans = _run(0.9, "aot_eager", steps=1)
     (plan,) = plans

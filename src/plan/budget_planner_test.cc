@@ -141,7 +141,7 @@ TEST_F(LlamaTiny, ReleaseWhenCopiedChoosesALaterBlockForASlowCopy) {
   const CostModel cost(slow);
   const std::int64_t peak = baseline_peak(cost);
   BudgetOptions options = with_budget(peak - peak / 20);
-  options.allow_recompute = false;
+  options.allow_recompute = false;  // else it rebuilds sum from m
   options.release_when_copied = true;
   const BudgetPlan plan = plan_memory_budget(graph(), options, cost);
   EXPECT_LE(plan.forecast.peak_bytes, options.budget_bytes);
@@ -294,6 +294,87 @@ TEST(PartitionerMode, ExactOffloadsReachLowerAndChangeNothingAbove) {
   EXPECT_LE(below.forecast.peak_bytes, options.budget_bytes);
   EXPECT_GT(masks_offloaded(below), 0);
   EXPECT_EQ(below.min_reachable_bytes, floor);
+}
+
+// Note [Upcast sources] (upcast_sources.h): with offload_materialised, the
+// bf16 residual an fp32 upcast is made from becomes a candidate, and a plan
+// that moves it starts with the edits that make backward rebuild the cast.
+TEST(PartitionerMode, TheSourceOfAnUpcastMayBeOffloadedWithOffloadMaterialised) {
+  GraphBuilder b("residual");
+  OpSchema add = testing::pure_schema("aten", {"self", "other"});
+  add.is_pointwise = true;
+  OpSchema cast = testing::pure_schema("prims", {"a"}, {"dtype"});
+  cast.is_pointwise = true;
+  b.op("aten.add.Tensor", add);
+  b.op("aten.mul.Tensor", add);
+  b.op("prims.convert_element_type.default", cast);
+  const TensorInfo t = GraphBuilder::tensor({1024, 1024});
+  const TensorInfo fp32 = GraphBuilder::tensor({1024, 1024}, {}, 4, "float32");
+  auto x = b.input("x", t);
+  auto w = b.input("w", t);
+  b.within("model.layers.0");
+  auto m = b.named("m").call("aten.mm.default", {x, w}, t);
+  auto viewed = b.view("aten.view.default", m, t);  // no recompute passes a view
+  auto sum = b.named("sum").call("aten.add.Tensor", {viewed, x}, t);
+  auto wide = b.named("wide").call("prims.convert_element_type.default", {sum}, fp32);
+  auto y = b.named("y").call("aten.mm.default", {sum, w}, t);
+  auto z = b.named("z").call("aten.mm.default", {y, w}, t);
+  auto z2 = b.named("z2").call("aten.mm.default", {z, w}, t);
+  b.backward();
+  auto g1 = b.named("g1").call("aten.mm.default", {z2, w}, t);
+  auto g2 = b.named("g2").call("aten.mm.default", {z, g1}, t);
+  auto grad = b.named("grad").call("aten.mul.Tensor", {wide, g2}, t);
+  b.module({});
+  b.output({z2, grad});
+  const Graph graph = b.build();
+
+  const CostModel cost(h200_profile());
+  BudgetOptions options = with_budget(1);
+  options.partitioner_recomputes_pointwise = true;
+  options.min_bytes = 0;
+  options.prefetch_regions = 0;  // sum is idle from y to grad
+  auto has_sum = [](const BudgetPlan& plan) {
+    return std::any_of(plan.choices.begin(), plan.choices.end(),
+                       [](const BudgetChoice& c) { return c.name == "sum"; });
+  };
+  options.budget_bytes = std::int64_t{1} << 40;
+  EXPECT_FALSE(has_sum(plan_memory_budget(graph, options, cost)));  // bit-exact mode
+
+  options.offload_materialised = true;
+  const BudgetPlan unchanged = plan_memory_budget(graph, options, cost);
+  ASSERT_TRUE(has_sum(unchanged));
+  EXPECT_TRUE(choice_named(unchanged, "sum").can_offload);
+  EXPECT_TRUE(unchanged.edits.empty());
+  EXPECT_EQ(unchanged.graph, graph);
+
+  options.budget_bytes = unchanged.forecast.peak_bytes - 1;
+  const BudgetPlan moved = plan_memory_budget(graph, options, cost);
+  EXPECT_EQ(choice_named(moved, "sum").decision, Decision::kOffload);
+  EXPECT_LE(moved.forecast.peak_bytes, options.budget_bytes);
+  ASSERT_FALSE(moved.edits.empty());
+  EXPECT_EQ(moved.edits.front().kind, EditKind::kReplayOp);
+  EXPECT_EQ(moved.edits.front().node.name, "spillway_replay_wide_upcast");
+  EXPECT_EQ(apply_edits(graph, moved.edits), moved.graph);
+  verify_graph(moved.graph);
+}
+
+// On T1's compiled graph the residual stream (two bf16 values a layer, 64 MiB
+// each) held the fast mode's floor up.
+TEST(PartitionerMode, UpcastSourcesTakeT1sFastFloorDown) {
+  const Graph graph = shipped("t1-h200-timed.json.zst");
+  const CostModel cost(h200_profile());
+  BudgetOptions options = with_budget(1);
+  options.partitioner_recomputes_pointwise = true;
+  options.offload_materialised = true;
+  try {
+    (void)plan_memory_budget(graph, options, cost);
+    FAIL() << "1 byte fits";
+  } catch (const OutOfMemory& e) {
+    // 6.83 GiB without the residual stream on T1 as spillway.compile traces
+    // it (use_cache=False), 5.02 with it.
+    EXPECT_NE(std::string(e.what()).find("smallest reachable peak is 5.16 GiB"), std::string::npos)
+        << e.what();
+  }
 }
 
 // The default search against the exact optimum, on one block's candidates of

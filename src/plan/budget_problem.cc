@@ -8,6 +8,7 @@
 #include "analysis/regions.h"
 #include "plan/offload_rewrite.h"
 #include "plan/pointwise_replay.h"
+#include "plan/upcast_sources.h"
 #include "spillway/error.h"
 
 namespace spillway::plan {
@@ -93,20 +94,40 @@ Forecast forecast_of(const Graph& graph, const SimResult& sim) {
   return f;
 }
 
+namespace {
+
+std::vector<Edit> preparation_for(const Graph& graph, const BudgetOptions& options) {
+  if (!options.partitioner_recomputes_pointwise || !options.offload_materialised ||
+      !options.allow_offload || !options.allow_recompute) {
+    return {};
+  }
+  return upcast_source_edits(graph, analysis::layer_roots(graph));
+}
+
+}  // namespace
+
 BudgetProblem::BudgetProblem(const Graph& graph, const BudgetOptions& options, const CostModel& cost)
-    : graph_(graph),
+    : original_(graph),
+      preparation_(preparation_for(graph, options)),
+      prepared_(preparation_.empty() ? Graph{} : apply_edits(graph, preparation_)),
+      graph_(preparation_.empty() ? graph : prepared_),
       options_(options),
       cost_(cost),
-      index_(graph),
+      index_(graph_),
       groups_(index_),
       safety_(index_, groups_),
-      layers_(analysis::layer_roots(graph)),
+      layers_(analysis::layer_roots(graph_)),
       regions_scope_(make_scope()),
       rule_options_(make_rule_options()),
       ctx_{index_, *regions_scope_, safety_, rule_options_} {
+  for (const Edit& edit : preparation_) {
+    if (edit.kind != EditKind::kReplayOp) continue;
+    prepared_copies_.push_back(edit.node.id);
+    upcast_sources_.insert(edit.node.args[0].node);
+  }
   collect_candidates();
   probe_candidates();
-  baseline_ = simulate(graph_, cost_, sim_options({}));  // with its timeline: build_model reads it
+  baseline_ = simulate(graph_, cost_, sim_options(prepared_copies_));  // with its timeline: build_model reads it
   build_model();
   initial_.assign(model_->size(), Decision::kKeep);
   for (std::size_t i = 0; i < model_->size(); ++i) {
@@ -127,7 +148,7 @@ BudgetPlan BudgetProblem::unchanged() const {
   plan.choices = choices(initial_);
   plan.baseline = baseline_forecast_;
   plan.forecast = baseline_forecast_;
-  plan.graph = graph_;
+  plan.graph = original_;
   plan.simulation = baseline_simulation_;
   return plan;
 }
@@ -200,13 +221,15 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
                      return a.bytes > b.bytes;
                    });
   if (chosen.empty() && replay.replays.empty()) {
-    plan.graph = graph_;
+    plan.graph = original_;
   } else {
     OffloadRewrite rewrite = build_offload_rewrite(
         index_, *regions_scope_, chosen, options_.prefetch_regions, replay,
         ActivationPlanOptions::PrefetchAnchor::kRegionStart, options_.release_lag);
-    plan.edits = std::move(rewrite.edits);
-    plan.graph = apply_edits(graph_, plan.edits);
+    plan.graph = apply_edits(graph_, rewrite.edits);
+    plan.edits = preparation_;
+    plan.edits.insert(plan.edits.end(), std::make_move_iterator(rewrite.edits.begin()),
+                      std::make_move_iterator(rewrite.edits.end()));
     for (const Edit& edit : plan.edits) {
       if (edit.kind == EditKind::kReplayOp) plan.recomputed_nodes.push_back(edit.node.id);
     }
@@ -376,7 +399,10 @@ void BudgetProblem::probe_candidates() {
     // (Note [Materialised in backward]), and may be offloaded on request
     // (BudgetOptions::offload_materialised: not bit-exact), and always where
     // no kernel can round it (Note [Exact pointwise values]).
-    if (partitioner && fusible(graph_, node) && !(options_.offload_materialised && materialised)) {
+    // An upcast source (Note [Upcast sources]) lands in memory in forward, in
+    // its own dtype; the preparation exists only with offload_materialised.
+    const bool written = materialised || upcast_sources_.count(id) > 0;
+    if (partitioner && fusible(graph_, node) && !(options_.offload_materialised && written)) {
       probe.can_offload = false;
       if (materialised && options_.allow_offload && exact_when_written(index_, node)) {
         probe.can_offload = probe.exact_offload = true;

@@ -4,6 +4,11 @@
 // fast model built from them (budget_model.h), and the materialisation of a
 // decision vector as graph edits simulated in full.
 //
+// In torch.compile mode with BudgetOptions::offload_materialised it plans on
+// the graph with the upcast sources made explicit (upcast_sources.h, Note
+// [Upcast sources]); every plan that changes anything carries those edits
+// first.
+//
 // Ownership: keeps references to the graph and the cost model, which must
 // outlive it. Thread-safety: immutable after construction.
 
@@ -30,7 +35,11 @@ class BudgetProblem {
   // without repeated blocks (and no scope).
   BudgetProblem(const Graph& graph, const BudgetOptions& options, const CostModel& cost);
 
+  // The graph planned on: the one given, or it with preparation() applied.
   const Graph& graph() const { return graph_; }
+  // Note [Upcast sources]: edits of the graph given that every plan with
+  // edits starts with; empty outside torch.compile's offload_materialised.
+  const std::vector<Edit>& preparation() const { return preparation_; }
   const BudgetOptions& options() const { return options_; }
   const BudgetModel& model() const { return *model_; }
   // model() without the offloads only Note [Exact pointwise values] allows
@@ -73,6 +82,11 @@ class BudgetProblem {
                        std::size_t forward_end, const std::vector<double>& prefix_ms,
                        ModelCandidate& c) const;
 
+  const Graph& original_;
+  std::vector<Edit> preparation_;
+  std::unordered_set<NodeId> upcast_sources_;  // X of each prepared S = cast(X)
+  std::vector<NodeId> prepared_copies_;        // the S' of preparation_
+  Graph prepared_;                             // original_ with preparation_; empty without
   const Graph& graph_;
   BudgetOptions options_;
   const CostModel& cost_;

@@ -709,7 +709,9 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     models) is the caller's to take off the budget.
     offload_materialised: with memory_budget, pointwise values that backward's
     weight-gradient matmuls read (SiLU(gate) * up, the projections' normalised
-    inputs) may be offloaded too. Faster at small budgets, but not bit-exact:
+    inputs) may be offloaded too, and so may the bf16 residual stream each
+    RMSNorm upcasts (its fp32 cast is rebuilt in backward from the reload;
+    Note [Upcast sources], src/plan/upcast_sources.h; with allow_recompute). Faster at small budgets, but not bit-exact:
     plain torch.compile's partitioner rebuilds some of them in backward in
     other kernels (4.8e-7 on a bf16 tiny Llama, H200). Off, a plan that
     recomputes nothing is bit-equal to plain torch.compile: only such values
