@@ -261,6 +261,20 @@ def test_a_graph_returning_more_gradient_tensors_than_the_logits_warns(use_cache
         assert said == []
 
 
+def test_a_budget_turns_inductors_buffer_reuse_off_unless_asked():
+    """Note [Buffer reuse under a budget] (compiled.py): Inductor held freed buffers
+    the plan counts as freed; with memory_budget reuse is off, and options may
+    turn it back on."""
+    def config(**kwargs):
+        session = compiled._Session({}, None, budget=kwargs.pop("budget", None))
+        return compiled._inductor_backend(session, None, kwargs.get("options"), None).config
+
+    assert "allow_buffer_reuse" not in config()
+    assert config(budget={"spec": ("bytes", 1)})["allow_buffer_reuse"] is False
+    assert config(budget={"spec": ("bytes", 1)},
+                  options={"allow_buffer_reuse": True})["allow_buffer_reuse"] is True
+
+
 def test_kept_gradients_come_off_a_byte_budget():
     _, _, (plan,) = _run(1.0, "aot_eager", steps=1)
     peak = plan.forecast()["baseline"]["peak_bytes"]

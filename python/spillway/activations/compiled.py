@@ -475,6 +475,16 @@ def _inductor_backend(session: _Session, mode: str | None, options: dict | None,
         # Without ordering pins the peak-memory reordering hoists every reload to
         # the start of the backward (Note [Reload order under Inductor]).
         options.setdefault("reorder_for_peak_memory", False)
+    if session.budget is not None:
+        # Note [Buffer reuse under a budget]: Inductor hands a freed buffer to the
+        # next allocation of its size and keeps it allocated until then, and the
+        # budget planner's simulation frees each value after its last reader. On
+        # T1 at a 7 GiB budget (H200, 2026-12-02) the backward's 176 MiB MLP
+        # buffers of one layer stayed allocated through its attention backward
+        # until the next layer's MLP took them: the step peaked at 8.36 GiB
+        # against the plan's 7.00. Off, the caching allocator still reuses the
+        # memory, and the step peaks where the plan says.
+        options.setdefault("allow_buffer_reuse", False)
     options["joint_custom_post_pass"] = _custom_graph_pass(session.joint_pass)
     options["post_grad_custom_post_pass"] = _custom_graph_pass(post_grad)
     return _InductorWithPlan(mode, options, dynamic)
@@ -745,7 +755,10 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     Q/K) become offloadable. replay_pointwise: a cheap pointwise value of moved
     values (SiLU(gate), SiLU(gate) * up) is recomputed in backward from their
     reloads instead of moved (the planner option of that name; on by default
-    here, off in the planner itself). backend: "inductor" or "aot_eager".
+    here, off in the planner itself). backend: "inductor" or "aot_eager";
+    with memory_budget, Inductor's buffer reuse is off unless options says
+    otherwise (Note [Buffer reuse under a budget]: it held buffers the plan
+    counts as freed).
     Other keyword arguments go to torch.compile (fullgraph, mode, options —
     the last two for inductor only).
 
