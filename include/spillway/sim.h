@@ -96,13 +96,15 @@
 //  (10) Also with SimOptions::inductor_fusion, lifetimes as torch.compile's
 //       compiled autograd function has them: a placeholder of the backward
 //       phase (a tangent) is allocated before the first backward node that
-//       is no placeholder runs and freed after its last reader (autograd
+//       is no placeholder runs and lives to the end of the step (autograd
 //       builds the gradients of all the outputs when backward starts, zeros
 //       for one that gets none, such as a training step's logits and the
 //       attention's key/value cache: 2 GiB of them at T1's peak, measured
 //       on the H200 with the allocator's history, bench/torch/
-//       peak_snapshot.py; the compiled backward drops its arguments as it
-//       goes), never if nothing reads it;
+//       peak_snapshot.py; the compiled backward drops its other arguments
+//       as it goes, but autograd holds the gradients it passed until the
+//       call returns: T1's 1000 MiB logits gradient was live in the middle
+//       of the backward, H200, 2026-12-02), never if nothing reads it;
 //       and a storage first produced in forward that the output node reads
 //       and a backward node other than the output reads (the logits the
 //       loss's backward needs) is freed after its last reader that is not

@@ -640,6 +640,9 @@ class Simulation {
         }
         slot.first = backward_start >= 0 ? std::min(backward_start, slot.first_read)
                                           : slot.first_read;
+        // Held to the end: autograd's call into the compiled backward keeps
+        // the tuple of gradients it passed until the call returns.
+        slot.to_end = true;
         late_allocations_.emplace_back(slot.first, static_cast<std::int32_t>(s));
       } else if (slot.to_end && slot_forward_[s] && slot.backward_compute_read &&
                  !slot.whole_step && !slot.host) {
