@@ -4,13 +4,15 @@ spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
         --eager bench/results/2026-12-01-t1-eager-budget-v5-h200.json \
-        --compiled bench/results/2026-12-01-t1-compiled-budget-v6a-h200.json \
-        --compiled bench/results/2026-12-01-t1-compiled-budget-v6c-h200.json \
-        --compiled bench/results/2026-12-01-t1-compiled-budget-v6b-h200.json
+        --compiled-peers bench/results/2026-12-02-t1-compiled-v7a-h200.json \
+        --compiled bench/results/2026-12-02-t1-compiled-v7b-h200.json \
+        --compiled bench/results/2026-12-02-t1-compiled-v7c-h200.json
 
 --eager and --compiled take t1.py JSON files (--compiled may repeat: each
 file's points are relative to its own `compiled` method, or to the previous
-file's when it has none); --eager-peers
+file's when it has none); --compiled-peers (may repeat, read before
+--compiled) a t1.py JSON whose peers only are drawn, the same way (a run whose
+Spillway points a later change superseded); --eager-peers
 (may repeat) a t1.py JSON whose peers only are drawn, relative to its own
 `none` (an earlier run's peers beside a new Spillway series); --compiled-log a
 t1.py log ("[t1] method: X ms, activation Y GiB" lines), for a run whose JSON
@@ -76,9 +78,12 @@ def _label(method: str) -> str:
     return method
 
 
-def _panel(ax, points, base_name, title, spillway_prefix, legend_loc):
-    """points: (method, relative step time, activation GiB)."""
+def _panel(ax, points, base_name, title, spillway_prefix, legend_loc, superseded=()):
+    """points: (method, relative step time, activation GiB); `superseded`: Spillway
+    methods whose plan the measured commit no longer makes (drawn hollow, apart)."""
     peers = [(m, x, act) for m, x, act in points if not m.startswith(spillway_prefix)]
+    old = [(x, act) for m, x, act in points if m in superseded]
+    points = [p for p in points if p[0] not in superseded]
     ours = sorted(((x, act) for m, x, act in points
                    if m.startswith(spillway_prefix) and _EXACT not in m), key=lambda p: p[1])
     exact = [(x, act) for m, x, act in points if m.startswith(spillway_prefix) and _EXACT in m]
@@ -104,6 +109,10 @@ def _panel(ax, points, base_name, title, spillway_prefix, legend_loc):
     if exact:
         ax.scatter([a for _, a in exact], [x for x, _ in exact], marker="s", color="tab:green",
                    label="spillway, bit-exact mode (offload_materialised=0)", zorder=5)
+    if old:
+        ax.scatter([a for _, a in old], [x for x, _ in old], facecolors="none",
+                   edgecolors="tab:blue", label="spillway, a plan the planner now refuses",
+                   zorder=5)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("activation memory above the weights (GiB)")
     ax.set_ylabel(f"step time (x {_label(base_name)})")
@@ -117,16 +126,21 @@ def main() -> int:
     parser.add_argument("--eager", required=True)
     parser.add_argument("--eager-peers", action="append", default=[])
     parser.add_argument("--compiled", action="append", default=[])
+    parser.add_argument("--compiled-peers", action="append", default=[])
     parser.add_argument("--compiled-log")
+    parser.add_argument("--superseded", action="append", default=[],
+                        help="a compiled Spillway method drawn apart, hollow: its plan is "
+                             "no longer what the planner makes (may repeat)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if not args.compiled and not args.compiled_log:
         parser.error("give --compiled (t1.py JSON, may repeat) or --compiled-log")
     compiled, base = [], None
-    for path in args.compiled:
-        points = _from_json(path)
-        base = next((ms for m, ms, _ in points if m == "compiled"), base)
-        compiled += _relative(points, "compiled", base)
+    runs = [(path, True) for path in args.compiled_peers] + [(path, False) for path in args.compiled]
+    for path, peers_only in runs:
+        points = _relative(_from_json(path), "compiled", base)
+        base = next((ms for m, ms, _ in _from_json(path) if m == "compiled"), base)
+        compiled += [p for p in points if not (peers_only and p[0].startswith("spillway"))]
     if args.compiled_log:
         compiled += _relative(_from_log(args.compiled_log), "compiled")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
@@ -136,8 +150,8 @@ def main() -> int:
                   if not p[0].startswith("spillway")]
     _panel(left, eager, "none",
            "T1 eager, H200 (2026-12-01)", "spillway-eager-budget", "upper right")
-    _panel(right, compiled, "compiled", "T1 torch.compile, H200 (2026-12-01)",
-           "spillway-compiled", "upper center")
+    _panel(right, compiled, "compiled", "T1 torch.compile, H200 (2026-12-02)",
+           "spillway-compiled", "upper center", set(args.superseded))
     fig.tight_layout()
     fig.savefig(args.out)
     print(f"wrote {args.out}")
