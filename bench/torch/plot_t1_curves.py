@@ -138,8 +138,9 @@ def main() -> int:
     compiled, base = [], None
     runs = [(path, True) for path in args.compiled_peers] + [(path, False) for path in args.compiled]
     for path, peers_only in runs:
-        points = _relative(_from_json(path), "compiled", base)
-        base = next((ms for m, ms, _ in _from_json(path) if m == "compiled"), base)
+        measured = _from_json(path)
+        base = next((ms for m, ms, _ in measured if m == "compiled"), base)
+        points = _relative(measured, "compiled", base)
         compiled += [p for p in points if not (peers_only and p[0].startswith("spillway"))]
     if args.compiled_log:
         compiled += _relative(_from_log(args.compiled_log), "compiled")
