@@ -55,7 +55,17 @@
 //       its TensorInfo::device says (graphs traced on cpu simulate as if on
 //       the device).
 //   (7) A node's live bytes are counted while it runs: everything allocated
-//       before it, plus its outputs, before anything it frees.
+//       before it, plus its outputs, before anything it frees. Some kernels
+//       also take scratch from the caching allocator while they run and give
+//       it back before they return: an attention backward
+//       (*scaled_dot_product*attention*_backward: flash, cuDNN, memory-
+//       efficient, and the CPU kernel standing in for them) accumulates the
+//       query's gradient in fp32 and keeps fp32 per-row sums, two allocations
+//       of batch x heads x query length x (head dim + 1) x 4 bytes in all
+//       (129 MiB on T1's layers, seen at the H200's measured peak). A node's
+//       scratch counts toward the peak while it runs (TimelinePoint::
+//       scratch_bytes, in the peak's kTemporaries) and is no storage: it is
+//       not in live_bytes.
 //   (8) Memory categories (MemoryCategory): placeholders' and get_attr
 //       storages are kInputs; reload results (and the backward waits and
 //       views sharing them) kReloads; storages first produced by a
@@ -297,11 +307,14 @@ struct TimelinePoint {
   double end_ms = 0;
   std::int64_t live_bytes = 0;
   std::array<std::int64_t, kMemoryCategoryCount> by_category{};
+  // The kernel's scratch while it runs (execution model (7)), rounded; the
+  // bytes the allocator holds during the node are live_bytes + scratch_bytes.
+  std::int64_t scratch_bytes = 0;
 };
 
 struct SimResult {
   double step_ms = 0;       // when the last stream finishes
-  std::int64_t peak_bytes = 0;
+  std::int64_t peak_bytes = 0;  // live plus scratch bytes, at their largest
   NodeId peak_node = -1;    // the node during which the peak occurs (first)
   Phase peak_phase = Phase::kForward;
   double peak_time_ms = 0;

@@ -70,8 +70,15 @@ json plan_json(const BudgetPlan& plan, const Knobs& knobs, bool with_edits) {
     // The simulation's points are in graph order, one per node.
     json points = json::array();
     for (std::size_t i = 0; i < plan.simulation.timeline.size(); ++i) {
+      const TimelinePoint& point = plan.simulation.timeline[i];
+      json by_category = json::object();
+      for (int c = 0; c < kMemoryCategoryCount; ++c) {
+        by_category[std::string(to_string(static_cast<MemoryCategory>(c)))] = point.by_category[c];
+      }
       points.push_back({{"name", plan.graph.nodes[i].name},
-                        {"live_bytes", plan.simulation.timeline[i].live_bytes}});
+                        {"live_bytes", point.live_bytes},
+                        {"scratch_bytes", point.scratch_bytes},
+                        {"by_category", std::move(by_category)}});
     }
     out["timeline"] = std::move(points);
   }
@@ -147,7 +154,7 @@ void init_budget(py::module_& m) {
       "budget_fraction in (0, 1]: the budget is that fraction of the baseline's peak and "
       "budget_bytes is ignored. release_when_copied: BudgetOptions::release_when_copied (the "
       "eager store's per-block release). timeline: also the simulated device bytes live at "
-      "each node of the planned graph, in graph order (timeline: name, live_bytes; execution "
+      "each node of the planned graph, in graph order (timeline: name, live_bytes, scratch_bytes, by_category; execution "
       "model (7) of include/spillway/sim.h). Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");

@@ -469,7 +469,7 @@ void BudgetProblem::build_model() {
   }
   std::vector<std::int64_t> live(n, 0);
   for (std::size_t p = 0; p < n && p < timeline.timeline.size(); ++p) {
-    live[p] = timeline.timeline[p].live_bytes;
+    live[p] = timeline.timeline[p].live_bytes + timeline.timeline[p].scratch_bytes;
   }
 
   std::vector<const Node*> nodes;

@@ -100,7 +100,10 @@ void append_memory_samples(Json& events, double ms, const TimelinePoint& point) 
   Json by_category = Json::object();
   std::int64_t total = 0;
   for (const sim::CategoryStyle& style : sim::kCategoryStyles) {
-    const std::int64_t bytes = point.by_category[static_cast<int>(style.category)];
+    // The kernel's scratch is drawn as a temporary.
+    const std::int64_t bytes =
+        point.by_category[static_cast<int>(style.category)] +
+        (style.category == MemoryCategory::kTemporaries ? point.scratch_bytes : 0);
     by_category[std::string(to_string(style.category))] = bytes;
     total += bytes;
   }

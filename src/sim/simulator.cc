@@ -344,6 +344,7 @@ class Simulation {
   void lay_out() {
     role_.resize(n_);
     duration_.assign(n_, 0.0);
+    scratch_.assign(n_, 0);
     out_begin_.assign(n_ + 1, 0);
     linked_.assign(n_, -1);
     in_flight_slot_.assign(n_, -1);
@@ -400,9 +401,13 @@ class Simulation {
       if (fusion) note_fusion(node, schema, role, pos, begin);
 
       switch (role) {
-        case Role::kCompute:
+        case Role::kCompute: {
           duration_[at] = sim::node_ms(profile, node, schema, lookup_);
+          const auto [accumulator, rows] = sim::scratch_bytes(node);
+          scratch_[at] = sim::add_bytes(round_allocation(accumulator, profile),
+                                        round_allocation(rows, profile));
           break;
+        }
         case Role::kOffload:
           link_offload(node, pos, begin);
           break;
@@ -860,14 +865,18 @@ class Simulation {
       }
 
       result.host_peak_bytes = std::max(result.host_peak_bytes, host_live);
-      if (live > result.peak_bytes) {
-        result.peak_bytes = live;
+      const std::int64_t scratch = scratch_[at];
+      if (live + scratch > result.peak_bytes) {
+        result.peak_bytes = live + scratch;
         result.peak_node = node.id;
         result.peak_phase = node.phase;
         result.peak_time_ms = start;
         result.peak_by_category = live_by_category_;
+        result.peak_by_category[kTemporaries] += scratch;
       }
-      if (timeline) result.timeline.push_back({node.id, start, end, live, live_by_category_});
+      if (timeline) {
+        result.timeline.push_back({node.id, start, end, live, live_by_category_, scratch});
+      }
 
       for (std::int32_t i = free_begin_[at]; i < free_begin_[at + 1]; ++i) {
         const auto s = static_cast<std::size_t>(free_slots_[static_cast<std::size_t>(i)]);
@@ -921,6 +930,7 @@ class Simulation {
   // By node position.
   std::vector<Role> role_;
   std::vector<double> duration_;
+  std::vector<std::int64_t> scratch_;  // by position: the kernel's rounded scratch
   std::vector<std::int32_t> out_begin_;  // n + 1: the node's slots are out_slots_[begin, next)
   std::vector<std::int32_t> out_slots_;
   // wait -> its copy; reload -> its offload; -1 otherwise.

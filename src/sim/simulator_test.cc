@@ -630,6 +630,32 @@ TEST(SimulateFusion, ATangentLivesFromItsFirstReaderToTheEndAndTheReturnedLogits
   EXPECT_EQ(point_of(eager, gx).live_bytes, 7 * kMiB);
 }
 
+TEST(Simulate, AnAttentionBackwardsFp32ScratchCountsTowardThePeakWhileItRuns) {
+  // T1's layer on the H200: the cuDNN attention backward allocated 129 MiB
+  // beyond its three 64 MiB gradients at the step's measured peak (an fp32
+  // query gradient of 4 x 16 x 4096 x 128 and fp32 row sums of 4 x 16 x 4096).
+  GraphBuilder b;
+  auto q = b.input("q", b.tensor({4, 16, 4096, 128}));
+  auto lse = b.input("lse", b.tensor({4, 16, 4096}, {}, 4));
+  b.backward();
+  auto grads = b.call_value(
+      "aten._scaled_dot_product_cudnn_attention_backward.default", {q, q, q, q, q, lse},
+      GraphBuilder::tuple({b.tensor({4, 16, 4096, 128}), b.tensor({4, 16, 4096, 128}),
+                           b.tensor({4, 16, 4096, 128})}));
+  auto after = b.call("aten.relu.default", {q}, b.tensor({4, 16, 4096, 128}));
+  b.output({grads, after});
+  const SimResult r = simulate(b.build(), CostModel(flat_profile()));
+
+  const TimelinePoint& attention = point_of(r, grads);
+  EXPECT_EQ(attention.live_bytes, (64 + 1 + 3 * 64) * kMiB);  // storages only
+  EXPECT_EQ(attention.scratch_bytes, (128 + 1) * kMiB);
+  EXPECT_EQ(point_of(r, after).scratch_bytes, 0);
+  EXPECT_EQ(r.peak_bytes, (64 + 1 + 3 * 64 + 129) * kMiB);
+  EXPECT_EQ(r.peak_node, grads.id);
+  EXPECT_EQ(r.peak_by_category[kTmp], 3 * 64 * kMiB + 129 * kMiB);
+  EXPECT_EQ(category_sum(r.peak_by_category), r.peak_bytes);
+}
+
 std::string invalid_graph_error(const Graph& graph) {
   try {
     simulate(graph, CostModel(flat_profile()));

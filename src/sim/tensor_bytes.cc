@@ -1,6 +1,8 @@
 #include "sim/tensor_bytes.h"
 
 #include <limits>
+#include <optional>
+#include <string_view>
 
 namespace spillway::sim {
 namespace {
@@ -65,6 +67,26 @@ std::int64_t value_nbytes(const Value& value) {
   std::int64_t total = 0;
   for (const Value& element : value.elements) total = saturating_add(total, value_nbytes(element));
   return total;
+}
+
+std::pair<std::int64_t, std::int64_t> scratch_bytes(const Node& node) {
+  const std::string_view target = node.target;
+  if (target.find("scaled_dot_product") == std::string_view::npos ||
+      target.find("attention") == std::string_view::npos ||
+      target.find("_backward") == std::string_view::npos) {
+    return {0, 0};
+  }
+  const Value& out = node.value;
+  const Value* grad_query = out.is_tensor() ? &out
+                            : !out.elements.empty() && out.elements[0].is_tensor()
+                                ? &out.elements[0]
+                                : nullptr;
+  if (grad_query == nullptr || grad_query->tensor.sizes.empty()) return {0, 0};
+  const TensorInfo& q = grad_query->tensor;
+  const std::int64_t numel = hinted_numel(q);
+  const std::optional<std::int64_t> last = q.sizes.back().hint;
+  if (numel == 0 || !last || *last <= 0) return {0, 0};
+  return {saturating_mul(numel, 4), saturating_mul(numel / *last, 4)};
 }
 
 std::int64_t add_bytes(std::int64_t a, std::int64_t b) { return saturating_add(a, b); }

@@ -4,6 +4,7 @@
 // count 0; counts saturate at INT64_MAX instead of overflowing.
 
 #include <cstdint>
+#include <utility>
 
 #include "spillway/graph.h"
 
@@ -26,6 +27,14 @@ struct TensorBytes {
   std::int64_t extent = 0;
 };
 TensorBytes tensor_bytes(const TensorInfo& info);
+
+// The two scratch allocations a kernel makes while it runs (execution model
+// (7)), unrounded; {0, 0} for a node that makes none. Only attention
+// backwards (a target containing "scaled_dot_product", "attention" and
+// "_backward") have any: the query gradient's elements (the first output's,
+// or, with no output shape, nothing) times 4, and its rows (all sizes but the
+// last) times 4.
+std::pair<std::int64_t, std::int64_t> scratch_bytes(const Node& node);
 
 // a + b for byte counts >= 0, saturating at INT64_MAX.
 std::int64_t add_bytes(std::int64_t a, std::int64_t b);
