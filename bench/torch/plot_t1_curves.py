@@ -4,9 +4,9 @@ spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
         --eager bench/results/2026-12-01-t1-eager-budget-v5-h200.json \
-        --compiled-peers bench/results/2026-12-02-t1-compiled-v7a-h200.json \
-        --compiled bench/results/2026-12-02-t1-compiled-v7b-h200.json \
-        --compiled bench/results/2026-12-02-t1-compiled-v7c-h200.json
+        --compiled bench/results/2026-12-02-t1-compiled-v8a-h200.json \
+        --compiled bench/results/2026-12-02-t1-compiled-v8b-h200.json \
+        --compiled bench/results/2026-12-02-t1-compiled-v8c-h200.json
 
 --eager and --compiled take t1.py JSON files (--compiled may repeat: each
 file's points are relative to its own `compiled` method, or to the previous
