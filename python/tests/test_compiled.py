@@ -334,7 +334,17 @@ def test_gpt2_with_a_graph_break_at_the_loss_is_bit_exact(backend):
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_hugging_face_architectures_are_bit_exact_under_inductor(arch):
     steps = [_ids(32, seed=s) for s in range(2)]
-    plans = _compare_hf(arch, "inductor", steps, scope="mlp")
+    # GPT-NeoX's partial rotary (4 of 16 head dims) becomes, in vectorised
+    # Inductor CPU code, a masked gather of inv_freq into a stack array whose
+    # masked-off lanes are left uninitialised, then a Sleef sin over all lanes:
+    # a garbage lane above 125 (or NaN) sends the whole vector down the slow
+    # argument reduction, which rounds the live lanes 1 ulp differently. The
+    # garbage is whatever the OpenMP worker's stack held, so plain
+    # torch.compile differed from itself in 10 of 14 fresh processes (torch
+    # 2.13 CPU, AVX2, 2 threads). Scalar code has no spare lanes.
+    options = {"cpp.simdlen": 0} if arch == "gpt_neox" else {}
+    with torch._inductor.config.patch(options):
+        plans = _compare_hf(arch, "inductor", steps, scope="mlp")
     moved = [p for p in plans if p.bytes_offloaded > 0]
     assert len(moved) == 1, [(p.scope_in_graph, p.chosen) for p in plans]
     _assert_edits_in_graphs(moved[0])
