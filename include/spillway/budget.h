@@ -82,7 +82,18 @@ struct BudgetOptions {
   // on the H200 differed by 4.8e-7 (2026-12-01), as the partitioner of the
   // plain compile rebuilds some of those values in backward in other kernels.
   bool offload_materialised = false;
+  // The last this many backward regions (by scope: the backward's last
+  // layers) reload their offloaded values right before their first reader
+  // instead of prefetch_regions regions early, so that a prefetched layer's
+  // reloads are not live beside the layer computing there (Note [A just-in-
+  // time tail] in budget_planner.cc). >= 0. With
+  // partitioner_recomputes_pointwise, plan_memory_budget and
+  // sweep_memory_budget raise it themselves, up to kMaxJustInTimeRegions,
+  // for a budget no plan fits without; the plan's options say what it used.
+  int just_in_time_regions = 0;
 };
+
+inline constexpr int kMaxJustInTimeRegions = 4;
 
 // The verdict on one candidate.
 struct BudgetChoice {
@@ -131,7 +142,9 @@ struct BudgetPlan {
   // The full simulation of `graph` (with its timeline, for the writers).
   SimResult simulation;
   // The smallest peak the planner found reachable (every candidate offloaded
-  // or recomputed, whichever takes more off), by the full simulator.
+  // or recomputed, whichever takes more off), by the full simulator; with
+  // partitioner_recomputes_pointwise, with the largest just-in-time tail the
+  // planner would try.
   std::int64_t min_reachable_bytes = 0;
 };
 

@@ -78,6 +78,7 @@ json budget_plan_json(const BudgetPlan& plan, bool with_choices) {
               {"forecast", forecast_json(plan.forecast)},
               {"baseline", forecast_json(plan.baseline)},
               {"min_reachable_bytes", plan.min_reachable_bytes},
+              {"just_in_time_regions", plan.options.just_in_time_regions},
               {"blocks", std::move(blocks)}};
   if (with_choices) {
     json choices = json::array();
@@ -150,7 +151,14 @@ std::string format_budget_text(const BudgetPlan& plan, const std::string& device
   out += "predicted step:     " + ms(f.step_ms) + " (" + ratio(f.step_ms, b.step_ms) +
          " of the unplanned " + ms(b.step_ms) + "), compute waiting for copies " +
          ms(f.compute_wait_ms) + ", recomputing " + ms(f.recompute_ms) + "\n";
-  out += "moved to host:      " + human_bytes(f.bytes_offloaded) + " each way\n";
+  out += "moved to host:      " + human_bytes(f.bytes_offloaded) + " each way";
+  if (plan.options.just_in_time_regions > 0) {
+    const int tail = plan.options.just_in_time_regions;
+    out += "; the last " + (tail == 1 ? std::string("backward region reloads")
+                                      : std::to_string(tail) + " backward regions reload") +
+           " just in time";
+  }
+  out += "\n";
   out += "recomputed:         " + human_bytes(f.bytes_recomputed) + "\n";
   out += "smallest reachable: " + human_bytes(plan.min_reachable_bytes) + "\n";
   out += "\nper block (values kept / offloaded / recomputed, bytes offloaded / recomputed):\n";

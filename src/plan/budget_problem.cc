@@ -225,7 +225,8 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
   } else {
     OffloadRewrite rewrite = build_offload_rewrite(
         index_, *regions_scope_, chosen, options_.prefetch_regions, replay,
-        ActivationPlanOptions::PrefetchAnchor::kRegionStart, options_.release_lag);
+        ActivationPlanOptions::PrefetchAnchor::kRegionStart, options_.release_lag,
+        options_.just_in_time_regions);
     plan.graph = apply_edits(graph_, rewrite.edits);
     plan.edits = preparation_;
     plan.edits.insert(plan.edits.end(), std::make_move_iterator(rewrite.edits.begin()),
@@ -487,6 +488,9 @@ void BudgetProblem::build_model() {
     if (root == nullptr) continue;
     const std::optional<std::size_t> k = analysis::region_of(backward, *root, p);
     if (!k) continue;
+    if (*k + static_cast<std::size_t>(options_.just_in_time_regions) >= backward.anchors.size()) {
+      continue;  // the just-in-time tail
+    }
     const std::size_t target =
         *k >= static_cast<std::size_t>(options_.prefetch_regions)
             ? *k - static_cast<std::size_t>(options_.prefetch_regions)

@@ -62,7 +62,7 @@ class RewriteBuilder {
 
   OffloadRewrite build(const std::vector<ChosenValue>& chosen, int prefetch_regions,
                        const ReplaySelection& replay, PrefetchAnchor prefetch_anchor,
-                       int release_lag) {
+                       int release_lag, int just_in_time_regions) {
     OffloadRewrite out;
     extra_views_ = &replay.extra_views;
     for (const ChosenValue& value : chosen) out.offloads.push_back(add_forward(value));
@@ -72,7 +72,8 @@ class RewriteBuilder {
       if (choice.facts != nullptr) out.replays.push_back(added);
     }
     delay_forward_waits(chosen, out.offloads, release_lag);
-    out.reloads_prefetched = prefetch(out.offloads, prefetch_regions, prefetch_anchor);
+    out.reloads_prefetched =
+        prefetch(out.offloads, prefetch_regions, prefetch_anchor, just_in_time_regions);
     out.edits = express_as_edits();
     return out;
   }
@@ -391,7 +392,7 @@ class RewriteBuilder {
   }
 
   std::int64_t prefetch(std::vector<Offload>& offloads, int regions_earlier,
-                        PrefetchAnchor where) {
+                        PrefetchAnchor where, int just_in_time_regions) {
     if (regions_earlier <= 0 || scope_.empty() || offloads.empty()) return 0;
     const CurrentOrder current = current_order();
     const std::vector<const Node*>& nodes = current.nodes;
@@ -414,6 +415,9 @@ class RewriteBuilder {
       if (root == nullptr) continue;
       std::optional<std::size_t> region = analysis::region_of(regions, *root, reload_position);
       if (!region) continue;
+      if (*region + static_cast<std::size_t>(just_in_time_regions) >= regions.anchors.size()) {
+        continue;  // the just-in-time tail
+      }
       const std::size_t target = *region >= static_cast<std::size_t>(regions_earlier)
                                      ? *region - static_cast<std::size_t>(regions_earlier)
                                      : 0;
@@ -543,9 +547,10 @@ OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const std::vector<ChosenValue>& chosen, int prefetch_regions,
                                      const ReplaySelection& replay,
                                      ActivationPlanOptions::PrefetchAnchor prefetch_anchor,
-                                     int release_lag) {
+                                     int release_lag, int just_in_time_regions) {
   return RewriteBuilder(index, scope)
-      .build(chosen, prefetch_regions, replay, prefetch_anchor, release_lag);
+      .build(chosen, prefetch_regions, replay, prefetch_anchor, release_lag,
+             just_in_time_regions);
 }
 
 }  // namespace spillway::plan

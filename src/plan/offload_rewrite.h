@@ -103,7 +103,9 @@ struct OffloadRewrite {
 };
 
 // `chosen` in selection order; `replay` from select_replays over them
-// (empty: nothing replayed). Throws Error("[plan] internal ...") if the edits
+// (empty: nothing replayed). Reloads in the last `just_in_time_regions`
+// backward regions stay where they are (before their first reader) instead
+// of being prefetched (BudgetOptions::just_in_time_regions). Throws Error("[plan] internal ...") if the edits
 // would not reproduce the simulated graph (a bug, never bad input).
 OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const analysis::ScopeRoots& scope,
@@ -111,7 +113,7 @@ OffloadRewrite build_offload_rewrite(const analysis::GraphIndex& index,
                                      const ReplaySelection& replay = {},
                                      ActivationPlanOptions::PrefetchAnchor prefetch_anchor =
                                          ActivationPlanOptions::PrefetchAnchor::kRegionStart,
-                                     int release_lag = 0);
+                                     int release_lag = 0, int just_in_time_regions = 0);
 
 // The schemas a rewritten graph records for the spillway targets.
 OpSchema offload_schema();
