@@ -358,14 +358,20 @@ TEST(PartitionerMode, TheSourceOfAnUpcastMayBeOffloadedWithOffloadMaterialised) 
   verify_graph(moved.graph);
 }
 
+// torch.compile's fast mode (offload_materialised).
+BudgetOptions fast_mode(std::int64_t bytes) {
+  BudgetOptions options = with_budget(bytes);
+  options.partitioner_recomputes_pointwise = true;
+  options.offload_materialised = true;
+  return options;
+}
+
 // On T1's compiled graph the residual stream (two bf16 values a layer, 64 MiB
 // each) held the fast mode's floor up.
 TEST(PartitionerMode, UpcastSourcesTakeT1sFastFloorDown) {
   const Graph graph = shipped("t1-h200-timed.json.zst");
   const CostModel cost(h200_profile());
-  BudgetOptions options = with_budget(1);
-  options.partitioner_recomputes_pointwise = true;
-  options.offload_materialised = true;
+  BudgetOptions options = fast_mode(1);
   try {
     (void)plan_memory_budget(graph, options, cost);
     FAIL() << "1 byte fits";
@@ -387,9 +393,7 @@ TEST(PartitionerMode, UpcastSourcesTakeT1sFastFloorDown) {
 TEST(PartitionerMode, AJustInTimeTailReachesBelowThePrefetchedFloor) {
   const Graph graph = shipped("t1-h200-timed.json.zst");
   const CostModel cost(h200_profile());
-  BudgetOptions options = with_budget(1);
-  options.partitioner_recomputes_pointwise = true;
-  options.offload_materialised = true;
+  BudgetOptions options = fast_mode(1);
   const plan::BudgetProblem prefetched(graph, options, cost);
   const std::int64_t prefetched_floor =
       prefetched.materialise(plan::everything(prefetched.model())).forecast.peak_bytes;
