@@ -233,6 +233,10 @@ struct Graph {
   // The schema recorded for node.target, or nullptr when there is none (a
   // call_method, a plain Python callable such as operator.getitem).
   const OpSchema* schema_of(const Node& node) const;
+  // The largest TensorInfo::storage of any node's value (tuple and list
+  // elements included), -1 when none has one: passes that add tensors take
+  // new storage ids above it.
+  std::int64_t max_storage() const;
   friend bool operator==(const Graph&, const Graph&) = default;
 };
 

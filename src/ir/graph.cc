@@ -1,5 +1,6 @@
 #include "spillway/graph.h"
 
+#include <algorithm>
 #include <array>
 
 namespace spillway {
@@ -13,6 +14,13 @@ constexpr std::array<std::pair<NodeKind, std::string_view>, 6> kNodeKindNames{{
     {NodeKind::kGetAttr, "get_attr"},
     {NodeKind::kOutput, "output"},
 }};
+
+std::int64_t max_storage_of(const Value& value) {
+  std::int64_t best = -1;
+  if (value.is_tensor() && value.tensor.storage) best = *value.tensor.storage;
+  for (const Value& element : value.elements) best = std::max(best, max_storage_of(element));
+  return best;
+}
 
 }  // namespace
 
@@ -53,6 +61,12 @@ const OpSchema* Graph::schema_of(const Node& node) const {
   if (node.kind != NodeKind::kCallFunction) return nullptr;
   auto it = ops.find(node.target);
   return it == ops.end() ? nullptr : &it->second;
+}
+
+std::int64_t Graph::max_storage() const {
+  std::int64_t best = -1;
+  for (const Node& node : nodes) best = std::max(best, max_storage_of(node.value));
+  return best;
 }
 
 }  // namespace spillway

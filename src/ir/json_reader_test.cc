@@ -88,6 +88,20 @@ TEST(JsonReader, AcceptsTheBaseDocument) {
   EXPECT_EQ(g.ops.at("aten.add.Tensor").arguments[2].kwarg_only, true);
 }
 
+TEST(JsonReader, MaxStorageLooksIntoTupleElements) {
+  Graph g = parse_graph(base_document().dump());
+  const std::int64_t before = g.max_storage();
+  EXPECT_GE(before, 5);  // mm_1's
+  Value pair;
+  pair.kind = ValueKind::kSequence;
+  pair.elements.push_back(g.nodes[0].value);
+  pair.elements.push_back(g.nodes[0].value);
+  pair.elements[1].tensor.storage = before + 7;
+  g.nodes[3].value = pair;
+  EXPECT_EQ(g.max_storage(), before + 7);
+  EXPECT_EQ(Graph{}.max_storage(), -1);
+}
+
 TEST(JsonReader, RejectsTextThatIsNotJson) {
   for (const char* text : {"", "{", "nodes", "{\"format\": }", "[1, 2"}) {
     std::string error = parse_error(text);

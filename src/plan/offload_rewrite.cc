@@ -24,13 +24,6 @@ OpSchema spillway_schema(std::vector<std::string> names) {
   return schema;
 }
 
-std::int64_t max_storage(const Value& value) {
-  std::int64_t best = -1;
-  if (value.is_tensor() && value.tensor.storage) best = *value.tensor.storage;
-  for (const Value& element : value.elements) best = std::max(best, max_storage(element));
-  return best;
-}
-
 void set_storage(Value& value, std::int64_t storage) {
   if (value.is_tensor()) value.tensor.storage = storage;
   for (Value& element : value.elements) set_storage(element, storage);
@@ -51,13 +44,11 @@ class RewriteBuilder {
       : index_(index), scope_(scope), fx_(original_order(index)) {
     const Graph& graph = index.graph();
     next_id_ = index.max_id() + 1;
-    std::int64_t storage = -1;
     for (const Node& node : graph.nodes) {
       // New names all start with "spillway_": only such names can clash.
       if (node.name.starts_with("spillway_")) names_.insert(node.name);
-      storage = std::max(storage, max_storage(node.value));
     }
-    next_storage_ = storage + 1;
+    next_storage_ = graph.max_storage() + 1;
   }
 
   OffloadRewrite build(const std::vector<ChosenValue>& chosen, int prefetch_regions,

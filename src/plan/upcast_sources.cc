@@ -16,13 +16,6 @@ bool widening(const std::string& in, const std::string& out) {
   return (half && (out == "float32" || out == "float64")) || (in == "float32" && out == "float64");
 }
 
-std::int64_t max_storage(const Value& value) {
-  std::int64_t best = -1;
-  if (value.is_tensor() && value.tensor.storage) best = *value.tensor.storage;
-  for (const Value& element : value.elements) best = std::max(best, max_storage(element));
-  return best;
-}
-
 bool read_by_backward(const analysis::GraphIndex& index, NodeId id) {
   for (NodeId user : index.users(id)) {
     if (index.node(user).phase == Phase::kBackward) return true;
@@ -74,13 +67,9 @@ std::vector<Edit> upcast_source_edits(const Graph& graph, const std::vector<std:
   const analysis::GraphIndex index(graph);
   const analysis::StorageGroups groups(index);
   NodeId next_id = index.max_id() + 1;
-  std::int64_t next_storage = -1;
+  std::int64_t next_storage = graph.max_storage() + 1;
   std::unordered_set<std::string> names;
-  for (const Node& node : graph.nodes) {
-    next_storage = std::max(next_storage, max_storage(node.value));
-    names.insert(node.name);
-  }
-  ++next_storage;
+  for (const Node& node : graph.nodes) names.insert(node.name);
 
   std::vector<Edit> edits;
   auto in_blocks = [&](const Node& node) {
