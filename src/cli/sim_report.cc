@@ -39,7 +39,7 @@ std::string change_text(double before, double after, const std::string& magnitud
   return text;
 }
 
-std::string pad(std::string text, std::size_t width) {
+std::string padded(std::string text, std::size_t width) {
   if (text.size() < width) text.append(width - text.size(), ' ');
   return text;
 }
@@ -98,22 +98,22 @@ std::string format_forecast_text(const Graph& original, const Graph& rewritten,
   const std::size_t column = std::max<std::size_t>(20, place_before.size() + 2);
   std::ostringstream out;
   out << "forecast (simulated on " << forecast.device << "):\n";
-  out << "  " << pad("", kLabel) << pad("original", column) << pad("rewritten", column)
+  out << "  " << padded("", kLabel) << padded("original", column) << padded("rewritten", column)
       << "difference\n";
-  out << "  " << pad("step time", kLabel) << pad(ms_text(before.step_ms), column)
-      << pad(ms_text(after.step_ms), column)
+  out << "  " << padded("step time", kLabel) << padded(ms_text(before.step_ms), column)
+      << padded(ms_text(after.step_ms), column)
       << change_text(before.step_ms, after.step_ms,
                      ms_text(std::abs(after.step_ms - before.step_ms)))
       << "\n";
   const std::int64_t peak_change = after.peak_bytes > before.peak_bytes
                                        ? after.peak_bytes - before.peak_bytes
                                        : before.peak_bytes - after.peak_bytes;
-  out << "  " << pad("peak device memory", kLabel) << pad(human_bytes(before.peak_bytes), column)
-      << pad(human_bytes(after.peak_bytes), column)
+  out << "  " << padded("peak device memory", kLabel) << padded(human_bytes(before.peak_bytes), column)
+      << padded(human_bytes(after.peak_bytes), column)
       << change_text(static_cast<double>(before.peak_bytes),
                      static_cast<double>(after.peak_bytes), human_bytes(peak_change))
       << "\n";
-  out << "  " << pad("peak at", kLabel) << pad(place_before, column)
+  out << "  " << padded("peak at", kLabel) << padded(place_before, column)
       << peak_place(rewritten, after) << "\n";
   return out.str();
 }

@@ -22,7 +22,7 @@ bool is_declared(NodeKind kind) {
 }
 bool is_declared(Phase phase) { return phase == Phase::kForward || phase == Phase::kBackward; }
 
-std::string in_quotes(std::string_view text) { return "'" + std::string(text) + "'"; }
+std::string single_quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
 
 class Verifier {
  public:
@@ -48,7 +48,7 @@ class Verifier {
 
   void check_schema(const std::string& target, const OpSchema& schema) {
     if (!ir::is_valid_utf8(target)) ir::fail_whole("", "an op target is not valid UTF-8");
-    const std::string where = "op " + in_quotes(target);
+    const std::string where = "op " + single_quoted(target);
     check_text(schema.ns, where, FieldPath("namespace"));
     if (schema.ns.empty()) ir::fail_at(where, FieldPath("namespace"), " is empty");
     SchemaIndex& index = schemas_[&schema];
@@ -63,7 +63,7 @@ class Verifier {
       auto [first, inserted] = index.names.emplace(arg_name, a);
       if (!inserted) {
         ir::fail_at(where, name,
-                    ": duplicate argument name " + in_quotes(arg_name) + " (also arguments[" +
+                    ": duplicate argument name " + single_quoted(arg_name) + " (also arguments[" +
                         std::to_string(first->second) + "])");
       }
       if (!schema.arguments[a].kwarg_only) ++index.positional;
@@ -95,7 +95,7 @@ class Verifier {
       if (!name_new) {
         const Node& first = graph_.nodes[name_it->second];
         ir::fail_at(where, FieldPath("name"),
-                    ": duplicate name " + in_quotes(node.name) + ", also used by " +
+                    ": duplicate name " + single_quoted(node.name) + ", also used by " +
                         ir::node_label(first.id, first.name));
       }
     }
@@ -214,14 +214,14 @@ class Verifier {
     if (node.args.size() > index.positional) {
       ir::fail_at(where, FieldPath("args"),
                   ": " + std::to_string(node.args.size()) + " positional arguments, but the " +
-                      "schema of " + in_quotes(node.target) + " takes at most " +
+                      "schema of " + single_quoted(node.target) + " takes at most " +
                       std::to_string(index.positional));
     }
     for (const auto& [key, arg] : node.kwargs) {
       if (index.names.find(key) == index.names.end()) {
         FieldPath kwargs("kwargs");
         ir::fail_at(where, kwargs.field(key),
-                    ": the schema of " + in_quotes(node.target) + " has no argument " + in_quotes(key));
+                    ": the schema of " + single_quoted(node.target) + " has no argument " + single_quoted(key));
       }
     }
   }

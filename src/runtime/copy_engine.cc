@@ -9,7 +9,7 @@
 namespace spillway::runtime {
 namespace {
 
-constexpr char kComponent[] = "copy_engine";
+constexpr char kEngineComponent[] = "copy_engine";
 
 const char* direction(CopyKind kind) {
   return kind == CopyKind::kDeviceToHost ? "device-to-host" : "host-to-device";
@@ -30,10 +30,10 @@ struct CopyEngine::Lane {
 CopyEngine::CopyEngine(Backend& backend, const CopyEngineOptions& options)
     : backend_(backend), options_(options) {
   if (options.chunk_bytes == 0) {
-    throw InvalidArgument(kComponent, "chunk_bytes must be > 0");
+    throw InvalidArgument(kEngineComponent, "chunk_bytes must be > 0");
   }
   if (options.max_inflight_bytes < options.chunk_bytes) {
-    throw InvalidArgument(kComponent, "max_inflight_bytes " +
+    throw InvalidArgument(kEngineComponent, "max_inflight_bytes " +
                                           std::to_string(options.max_inflight_bytes) +
                                           " is below chunk_bytes " +
                                           std::to_string(options.chunk_bytes));
@@ -184,7 +184,7 @@ TransferError CopyEngine::failure(const Transfer& t, const std::exception_ptr& e
     what = ex.what();
   } catch (...) {
   }
-  return TransferError(kComponent, std::string(direction(t.kind_)) + " copy of " +
+  return TransferError(kEngineComponent, std::string(direction(t.kind_)) + " copy of " +
                                        std::to_string(t.bytes_) + " bytes failed: " + what);
 }
 

@@ -9,7 +9,7 @@
 namespace spillway::runtime {
 namespace {
 
-constexpr char kComponent[] = "pinned_pool";
+constexpr char kPoolComponent[] = "pinned_pool";
 constexpr std::size_t kPage = 4096;
 
 std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
@@ -26,11 +26,11 @@ std::size_t pinned_class_size(std::size_t bytes, int class_bits) {
 PinnedPool::PinnedPool(Backend& backend, const PinnedPoolOptions& options)
     : backend_(backend), options_(options) {
   if (options.class_bits < 0 || options.class_bits > 10) {
-    throw InvalidArgument(kComponent, "class_bits " + std::to_string(options.class_bits) +
+    throw InvalidArgument(kPoolComponent, "class_bits " + std::to_string(options.class_bits) +
                                           " is outside [0, 10]");
   }
   if (options.numa_node < -2) {
-    throw InvalidArgument(kComponent,
+    throw InvalidArgument(kPoolComponent,
                           "numa_node " + std::to_string(options.numa_node) + " is below -2");
   }
   numa_node_ = options.numa_node == -2 ? backend.device_numa_node() : options.numa_node;
@@ -136,7 +136,7 @@ PinnedBlock PinnedPool::allocate(std::size_t bytes) {
   if (options_.host_budget_bytes != 0 && cls > options_.host_budget_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.budget_refusals++;
-    throw OutOfMemory(kComponent, "request of " + std::to_string(bytes) +
+    throw OutOfMemory(kPoolComponent, "request of " + std::to_string(bytes) +
                                       " bytes exceeds the host budget of " +
                                       std::to_string(options_.host_budget_bytes) + " bytes");
   }
@@ -145,7 +145,7 @@ PinnedBlock PinnedPool::allocate(std::size_t bytes) {
     if (!make_room(cls, cls)) {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.budget_refusals++;
-      throw OutOfMemory(kComponent,
+      throw OutOfMemory(kPoolComponent,
                         "request of " + std::to_string(bytes) + " bytes (class " +
                             std::to_string(cls) + ") exceeds the host budget of " +
                             std::to_string(options_.host_budget_bytes) + " bytes (" +
@@ -165,7 +165,7 @@ PinnedBlock PinnedPool::allocate(std::size_t bytes) {
   } catch (const Error& e) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_pinned -= cls;
-    throw OutOfMemory(kComponent, "pinned allocation of " + std::to_string(cls) +
+    throw OutOfMemory(kPoolComponent, "pinned allocation of " + std::to_string(cls) +
                                       " bytes failed: " + e.what());
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -7,7 +7,7 @@
 namespace spillway::runtime {
 namespace {
 
-constexpr char kComponent[] = "residency";
+constexpr char kResidencyComponent[] = "residency";
 
 std::string storage_name(StorageId id) { return "storage " + std::to_string(id); }
 std::string host_name(std::uint64_t id) { return "host copy " + std::to_string(id); }
@@ -91,7 +91,7 @@ void ResidencyManager::return_block(HostCopy& copy) noexcept {
 
 StorageId ResidencyManager::adopt(void* data, std::size_t bytes, ReleaseFn release) {
   if (!data && bytes > 0) {
-    throw InvalidArgument(kComponent, "adopt of " + std::to_string(bytes) +
+    throw InvalidArgument(kResidencyComponent, "adopt of " + std::to_string(bytes) +
                                           " bytes at a null pointer");
   }
   auto record = std::make_shared<Record>();
@@ -124,11 +124,11 @@ HostHandle ResidencyManager::offload(StorageId storage, StreamHandle compute) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = storages_.find(storage);
     if (it == storages_.end()) {
-      throw StateError(kComponent, "offload of unknown " + storage_name(storage));
+      throw StateError(kResidencyComponent, "offload of unknown " + storage_name(storage));
     }
     record = it->second;
     if (record->state != StorageState::kResident) {
-      throw StateError(kComponent, "second offload of " + storage_name(storage) + ": it is " +
+      throw StateError(kResidencyComponent, "second offload of " + storage_name(storage) + ": it is " +
                                        to_string(record->state));
     }
     record->state = StorageState::kOffloading;  // claimed; restored on failure
@@ -169,19 +169,19 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
     std::lock_guard<std::mutex> lock(mu_);
     auto h = hosts_.find(handle.id);
     if (h == hosts_.end()) {
-      throw StateError(kComponent, "wait on " + host_name(handle.id) +
+      throw StateError(kResidencyComponent, "wait on " + host_name(handle.id) +
                                        ": no offload produced it, or it was released");
     }
     copy = h->second;
     if (keepalive != copy->source) {
-      throw InvalidArgument(kComponent, "wait on " + host_name(handle.id) + ": keepalive " +
+      throw InvalidArgument(kResidencyComponent, "wait on " + host_name(handle.id) + ": keepalive " +
                                             storage_name(keepalive) + " is not its source " +
                                             storage_name(copy->source));
     }
     auto s = storages_.find(copy->source);
     if (s == storages_.end() || s->second->state != StorageState::kOffloading ||
         s->second->host != handle.id) {
-      throw StateError(kComponent,
+      throw StateError(kResidencyComponent,
                        "wait on " + host_name(handle.id) + " of " + storage_name(copy->source) +
                            ": no offload in flight (" +
                            (s == storages_.end() ? std::string("storage released")
@@ -203,7 +203,7 @@ void ResidencyManager::wait_offload(const HostHandle& handle, StorageId keepaliv
       hosts_.erase(handle.id);
     }
     return_block(*copy);
-    return TransferError(kComponent, "offload of " + storage_name(copy->source) +
+    return TransferError(kResidencyComponent, "offload of " + storage_name(copy->source) +
                                          " failed; it stays on the device: " + e.what());
   };
   try {
@@ -240,7 +240,7 @@ DeviceValue ResidencyManager::reload(const HostHandle& handle, void* dst, Releas
     std::lock_guard<std::mutex> lock(mu_);
     auto h = hosts_.find(handle.id);
     if (h == hosts_.end()) {
-      throw StateError(kComponent, "reload of " + host_name(handle.id) +
+      throw StateError(kResidencyComponent, "reload of " + host_name(handle.id) +
                                        ": nothing was offloaded to it, or it was released");
     }
     copy = h->second;
@@ -265,7 +265,7 @@ DeviceValue ResidencyManager::reload(const HostHandle& handle, void* dst, Releas
   } catch (const TransferError& e) {
     record->state = StorageState::kResident;
     free_device(*record, stream->native());
-    throw TransferError(kComponent, "reload of " + host_name(handle.id) + " of " +
+    throw TransferError(kResidencyComponent, "reload of " + host_name(handle.id) + " of " +
                                         storage_name(copy->source) + " failed: " + e.what());
   } catch (...) {
     record->state = StorageState::kResident;
@@ -286,11 +286,11 @@ void ResidencyManager::wait_reload(StorageId storage, StreamHandle compute) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = storages_.find(storage);
     if (it == storages_.end()) {
-      throw StateError(kComponent, "wait on unknown " + storage_name(storage));
+      throw StateError(kResidencyComponent, "wait on unknown " + storage_name(storage));
     }
     record = it->second;
     if (record->state != StorageState::kReloading) {
-      throw StateError(kComponent, "wait on " + storage_name(storage) +
+      throw StateError(kResidencyComponent, "wait on " + storage_name(storage) +
                                        ": no reload in flight (it is " +
                                        to_string(record->state) + ")");
     }
@@ -304,7 +304,7 @@ void ResidencyManager::wait_reload(StorageId storage, StreamHandle compute) {
       record->state = StorageState::kResident;
       record->transfer.reset();
     }
-    return TransferError(kComponent, "reload into " + storage_name(storage) +
+    return TransferError(kResidencyComponent, "reload into " + storage_name(storage) +
                                          " failed; its bytes are undefined, release it: " +
                                          e.what());
   };
@@ -334,11 +334,11 @@ void ResidencyManager::release(StorageId storage, StreamHandle compute) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = storages_.find(storage);
     if (it == storages_.end()) {
-      throw StateError(kComponent, "release of unknown " + storage_name(storage));
+      throw StateError(kResidencyComponent, "release of unknown " + storage_name(storage));
     }
     if (it->second->state == StorageState::kOffloading ||
         it->second->state == StorageState::kReloading) {
-      throw StateError(kComponent, "release of " + storage_name(storage) +
+      throw StateError(kResidencyComponent, "release of " + storage_name(storage) +
                                        " while its copy is in flight (" +
                                        to_string(it->second->state) + "); wait first");
     }
@@ -355,12 +355,12 @@ void ResidencyManager::release_host(const HostHandle& handle) {
     std::lock_guard<std::mutex> lock(mu_);
     auto h = hosts_.find(handle.id);
     if (h == hosts_.end()) {
-      throw StateError(kComponent, "release of unknown " + host_name(handle.id));
+      throw StateError(kResidencyComponent, "release of unknown " + host_name(handle.id));
     }
     auto s = storages_.find(h->second->source);
     if (s != storages_.end() && s->second->state == StorageState::kOffloading &&
         s->second->host == handle.id) {
-      throw StateError(kComponent, "release of " + host_name(handle.id) + " while the copy of " +
+      throw StateError(kResidencyComponent, "release of " + host_name(handle.id) + " while the copy of " +
                                        storage_name(h->second->source) +
                                        " into it is in flight; wait first");
     }
@@ -373,7 +373,7 @@ void ResidencyManager::release_host(const HostHandle& handle) {
 StorageState ResidencyManager::state(StorageId storage) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = storages_.find(storage);
-  if (it == storages_.end()) throw StateError(kComponent, "unknown " + storage_name(storage));
+  if (it == storages_.end()) throw StateError(kResidencyComponent, "unknown " + storage_name(storage));
   return it->second->state;
 }
 
@@ -386,7 +386,7 @@ void ResidencyManager::check_earlier_failures(const Transfer* own) {
   try {
     engine_.check_failures(own);
   } catch (const TransferError& e) {
-    throw TransferError(kComponent,
+    throw TransferError(kResidencyComponent,
                         std::string("an earlier copy failed after its own wait; the value it "
                                     "fed is lost: ") +
                             e.what());

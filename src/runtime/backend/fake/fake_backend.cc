@@ -35,7 +35,7 @@
 namespace spillway::runtime {
 namespace {
 
-constexpr char kComponent[] = "fake";
+constexpr char kFakeComponent[] = "fake";
 
 struct Marker {
   std::mutex mu;
@@ -195,7 +195,7 @@ void raise_transfer(const std::exception_ptr& e) {
   } catch (const TransferError&) {
     throw;
   } catch (const std::exception& ex) {
-    throw TransferError(kComponent, std::string("work on a stream failed: ") + ex.what());
+    throw TransferError(kFakeComponent, std::string("work on a stream failed: ") + ex.what());
   }
 }
 
@@ -274,13 +274,13 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
   void* allocate_pinned(std::size_t bytes, int /*numa_node*/, int* placed_node) override {
     if (placed_node) *placed_node = -1;
     if (take_one(fail_pinned_)) {
-      throw OutOfMemory(kComponent, "injected pinned allocation failure of " +
+      throw OutOfMemory(kFakeComponent, "injected pinned allocation failure of " +
                                         std::to_string(bytes) + " bytes");
     }
     if (unbacked_pinned_) {
       void* p = mmap(nullptr, bytes == 0 ? 1 : bytes, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (p == MAP_FAILED) throw OutOfMemory(kComponent, "cannot reserve pinned address space");
+      if (p == MAP_FAILED) throw OutOfMemory(kFakeComponent, "cannot reserve pinned address space");
       return p;
     }
     return new char[bytes == 0 ? 1 : bytes];
@@ -302,7 +302,7 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
   // passed the free point.
   void* allocate(std::size_t bytes, void* stream) override {
     if (take_one(fail_device_)) {
-      throw OutOfMemory(kComponent, "injected device allocation failure of " +
+      throw OutOfMemory(kFakeComponent, "injected device allocation failure of " +
                                         std::to_string(bytes) + " bytes");
     }
     const std::size_t rounded = bytes == 0 ? 1 : bytes;
@@ -310,7 +310,7 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
     {
       std::lock_guard<std::mutex> lock(arena_mu_);
       if (used_ + rounded > capacity_) {
-        throw OutOfMemory(kComponent, "device arena of " + std::to_string(capacity_) +
+        throw OutOfMemory(kFakeComponent, "device arena of " + std::to_string(capacity_) +
                                           " bytes cannot hold " + std::to_string(bytes) +
                                           " more (" + std::to_string(used_) + " in use)");
       }
@@ -368,7 +368,7 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
     resolve(s).enqueue([dst, src, bytes, fail] {
       if (fail) {
         std::memset(dst, 0xEE, bytes / 2);
-        throw TransferError(kComponent, "injected copy failure of " + std::to_string(bytes) +
+        throw TransferError(kFakeComponent, "injected copy failure of " + std::to_string(bytes) +
                                             " bytes");
       }
       std::memcpy(dst, src, bytes);
