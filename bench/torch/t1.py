@@ -153,9 +153,16 @@ def _build(shape: dict, device: str, dtype):
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype)
     model.train()
-    gen = torch.Generator(device="cpu").manual_seed(1)
+    return model, _ids(shape, device, seed=1)
+
+
+def _ids(shape: dict, device: str, seed: int):
+    """A batch of random token ids of T1's shape, drawn on the CPU from `seed`."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     ids = torch.randint(0, shape["vocab_size"], (shape["batch"], shape["seq"]), generator=gen)
-    return model, ids.to(device)
+    return ids.to(device)
 
 
 def _step_fn(name: str, options: dict, model, device: str):
@@ -577,9 +584,7 @@ def _fp32_error(model, step, ids, shape: dict, device: str, sync, batches: int =
     reference.zero_grad(set_to_none=True)
     signed = [loss - loss_fp32]
     for seed in range(2, batches + 1):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        other = torch.randint(0, shape["vocab_size"], (shape["batch"], shape["seq"]),
-                              generator=gen).to(device)
+        other = _ids(shape, device, seed)
         with torch.no_grad():
             want = float(reference(input_ids=other, labels=other, use_cache=False).loss)
         model.zero_grad(set_to_none=True)

@@ -154,8 +154,8 @@ void init_budget(py::module_& m) {
       "budget_fraction in (0, 1]: the budget is that fraction of the baseline's peak and "
       "budget_bytes is ignored. release_when_copied: BudgetOptions::release_when_copied (the "
       "eager store's per-block release). timeline: also the simulated device bytes live at "
-      "each node of the planned graph, in graph order (timeline: name, live_bytes, scratch_bytes, by_category; execution "
-      "model (7) of include/spillway/sim.h). Raises "
+      "each node of the planned graph, in graph order (timeline: name, live_bytes, "
+      "scratch_bytes, by_category; execution model (7) of include/spillway/sim.h). Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");
   m.def(

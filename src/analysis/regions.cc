@@ -30,6 +30,15 @@ Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& sc
   return regions;
 }
 
+std::optional<std::size_t> prefetch_region(const Regions& regions, std::size_t region,
+                                           int regions_earlier, int just_in_time_regions) {
+  if (region + static_cast<std::size_t>(just_in_time_regions) >= regions.anchors.size()) {
+    return std::nullopt;
+  }
+  const auto earlier = static_cast<std::size_t>(regions_earlier);
+  return region >= earlier ? region - earlier : 0;
+}
+
 std::optional<std::size_t> region_of(const Regions& regions, const std::string& root,
                                      std::size_t position) {
   auto it = regions.by_root.find(root);

@@ -52,4 +52,11 @@ Regions find_regions(const std::vector<const Node*>& nodes, const ScopeRoots& sc
 std::optional<std::size_t> region_of(const Regions& regions, const std::string& root,
                                      std::size_t position);
 
+// The region whose start a reload read in `region` is prefetched to:
+// `regions_earlier` regions before it (region 0 when there are fewer), or
+// nullopt when it stays where it is: it lies in the last
+// `just_in_time_regions` regions (BudgetOptions::just_in_time_regions).
+std::optional<std::size_t> prefetch_region(const Regions& regions, std::size_t region,
+                                           int regions_earlier, int just_in_time_regions);
+
 }  // namespace spillway::analysis

@@ -5,8 +5,8 @@
 // 2. Search on the fast model (budget_search.h): greedy, then local search.
 // 3. Materialise, simulate in full, and search again with the full
 //    simulation's overshoot taken off when it does not fit.
-// 4. In torch.compile mode: the same with longer just-in-time tails while
-//    they make the plan faster or make one fit (Note [A just-in-time tail]).
+// 4. In torch.compile mode: the same with each longer just-in-time tail, the
+//    fastest plan that fits (Note [A just-in-time tail]).
 //
 // Note [A just-in-time tail]
 // A reload prefetched one region early is live beside the region computing
@@ -22,8 +22,9 @@
 // 7.7 GiB, 308.0 ms without a tail, 297.6 with two layers). So with
 // partitioner_recomputes_pointwise each budget is planned with the requested
 // tail and with each tail up to kMaxJustInTimeRegions regions longer; the
-// fastest plan that fits wins, a longer tail only when at least 0.5 % faster. Eager mode is left out: its offload store prefetches per block
-// call on its own and does not follow the rewrite's reload placement.
+// fastest plan that fits wins, a longer tail only when at least 0.5 %
+// faster. Eager mode is left out: its offload store prefetches per block call
+// on its own and does not follow the rewrite's reload placement.
 
 #include <algorithm>
 #include <cstdio>
@@ -262,9 +263,7 @@ BudgetPlan plan_memory_budget(const Graph& graph, const BudgetOptions& requested
   std::int64_t margin = 0;
   if (std::optional<BudgetPlan> plan =
           solve_tails(problems, options.budget_bytes, state, margin, narrow_floor(problem))) {
-    const int tail = plan->options.just_in_time_regions;
-    plan->options = options;  // the budget_fraction's bytes
-    plan->options.just_in_time_regions = tail;
+    plan->options.budget_bytes = options.budget_bytes;  // a budget_fraction's bytes
     plan->min_reachable_bytes = problems.floor();
     return std::move(*plan);
   }

@@ -488,14 +488,9 @@ void BudgetProblem::build_model() {
     if (root == nullptr) continue;
     const std::optional<std::size_t> k = analysis::region_of(backward, *root, p);
     if (!k) continue;
-    if (*k + static_cast<std::size_t>(options_.just_in_time_regions) >= backward.anchors.size()) {
-      continue;  // the just-in-time tail
-    }
-    const std::size_t target =
-        *k >= static_cast<std::size_t>(options_.prefetch_regions)
-            ? *k - static_cast<std::size_t>(options_.prefetch_regions)
-            : 0;
-    reload_anchor[p] = std::min(p, backward.anchors[target]);
+    const std::optional<std::size_t> target = analysis::prefetch_region(
+        backward, *k, options_.prefetch_regions, options_.just_in_time_regions);
+    if (target) reload_anchor[p] = std::min(p, backward.anchors[*target]);
   }
 
   std::vector<double> prefix_ms(n + 1, 0.0);

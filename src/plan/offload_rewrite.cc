@@ -406,12 +406,10 @@ class RewriteBuilder {
       if (root == nullptr) continue;
       std::optional<std::size_t> region = analysis::region_of(regions, *root, reload_position);
       if (!region) continue;
-      if (*region + static_cast<std::size_t>(just_in_time_regions) >= regions.anchors.size()) {
-        continue;  // the just-in-time tail
-      }
-      const std::size_t target = *region >= static_cast<std::size_t>(regions_earlier)
-                                     ? *region - static_cast<std::size_t>(regions_earlier)
-                                     : 0;
+      const std::optional<std::size_t> prefetched =
+          analysis::prefetch_region(regions, *region, regions_earlier, just_in_time_regions);
+      if (!prefetched) continue;  // the just-in-time tail
+      const std::size_t target = *prefetched;
       const std::size_t forward_wait_position = position.get(offload.forward_wait_node);
       if (where == PrefetchAnchor::kRegionStart) {
         const std::size_t anchor_position = regions.anchors[target];

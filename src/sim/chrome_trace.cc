@@ -99,11 +99,9 @@ Json interval_event(const StreamInterval& interval, const sim::NodeNames& names)
 void append_memory_samples(Json& events, double ms, const TimelinePoint& point) {
   Json by_category = Json::object();
   std::int64_t total = 0;
+  const auto drawn = sim::drawn_bytes(point);
   for (const sim::CategoryStyle& style : sim::kCategoryStyles) {
-    // The kernel's scratch is drawn as a temporary.
-    const std::int64_t bytes =
-        point.by_category[static_cast<int>(style.category)] +
-        (style.category == MemoryCategory::kTemporaries ? point.scratch_bytes : 0);
+    const std::int64_t bytes = drawn[static_cast<int>(style.category)];
     by_category[std::string(to_string(style.category))] = bytes;
     total += bytes;
   }

@@ -132,8 +132,7 @@ std::vector<Sample> all_samples(const SimResult& result) {
   for (const TimelinePoint& point : result.timeline) {
     Sample sample;
     sample.ms = point.start_ms;
-    sample.bytes = point.by_category;  // the kernel's scratch drawn as a temporary
-    sample.bytes[static_cast<int>(MemoryCategory::kTemporaries)] += point.scratch_bytes;
+    sample.bytes = sim::drawn_bytes(point);
     for (std::int64_t bytes : sample.bytes) sample.total += bytes;
     samples.push_back(sample);
   }

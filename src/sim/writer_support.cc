@@ -6,6 +6,12 @@
 
 namespace spillway::sim {
 
+std::array<std::int64_t, kMemoryCategoryCount> drawn_bytes(const TimelinePoint& point) {
+  std::array<std::int64_t, kMemoryCategoryCount> bytes = point.by_category;
+  bytes[static_cast<int>(MemoryCategory::kTemporaries)] += point.scratch_bytes;
+  return bytes;
+}
+
 NodeNames::NodeNames(const Graph& graph) {
   nodes_.reserve(graph.nodes.size());
   for (const Node& node : graph.nodes) nodes_.emplace(node.id, &node);

@@ -34,6 +34,10 @@ inline constexpr std::array<CategoryStyle, kMemoryCategoryCount> kCategoryStyles
     {MemoryCategory::kRecomputed, "recomputed", "#8a5bbf"},
 }};
 
+// A point's bytes per category as the writers draw them: the kernel's
+// scratch (TimelinePoint::scratch_bytes) counted as a temporary.
+std::array<std::int64_t, kMemoryCategoryCount> drawn_bytes(const TimelinePoint& point);
+
 // Node names by id; an id the graph lacks is named "#<id>", so a writer never
 // fails on a result simulated from a different graph.
 class NodeNames {
