@@ -93,6 +93,7 @@ spillway then uses its fake backend, and peak memory is not measured on CPU).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -449,6 +450,9 @@ def _eager_budget(model, device: str, options: dict, plain):
             out["forecast"] = plan.forecast()
             out["calibration"] = plan.calibration
             out["prefetch"] = plan.prefetch
+            # The measured profile the plan was made from: with the calibration, enough to
+            # plan this step again on a machine without a GPU (_budget_graph.block_graph).
+            out["profile"] = dataclasses.asdict(plan.profile)
             calls = plan.profile.calls
             out["choices"] = [dict(block=c.block, saved=c.saved, cheap=c.cheap, input=c.input,
                                    lag=c.lag, saved_bytes=c.saved_bytes,
