@@ -3,10 +3,11 @@
 spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
-        --eager bench/results/2026-12-01-t1-eager-budget-v5-h200.json \
+        --eager bench/results/2026-12-02-t1-eager-budget-v6-h200.json \
         --compiled bench/results/2026-12-02-t1-compiled-v8a-h200.json \
         --compiled bench/results/2026-12-02-t1-compiled-v8b-h200.json \
-        --compiled bench/results/2026-12-02-t1-compiled-v8c-h200.json
+        --compiled bench/results/2026-12-02-t1-compiled-v8c-h200.json \
+        --compiled bench/results/2026-12-02-t1-compiled-v9-h200.json
 
 --eager and --compiled take t1.py JSON files (--compiled may repeat: each
 file's points are relative to its own `compiled` method, or to the previous
@@ -17,7 +18,8 @@ Spillway points a later change superseded); --eager-peers
 `none` (an earlier run's peers beside a new Spillway series); --compiled-log a
 t1.py log ("[t1] method: X ms, activation Y GiB" lines), for a run whose JSON
 was not written. x = activation memory above the resident weights (GiB), y =
-step time relative to the run's `none` (eager) or `compiled` method. Points
+step time relative to the run's `none` (eager) or `compiled` method; each
+panel's title dates it by the latest date in its files' names. Points
 above 1.6x (save_on_cpu, torchtune without checkpointing) sit on the top
 edge with their factor written beside them.
 """
@@ -47,6 +49,12 @@ def _from_log(path: str) -> list[tuple[str, float, float]]:
         if m:
             points.append((m.group(1), float(m.group(2)), float(m.group(3))))
     return points
+
+
+def _dated(title: str, paths) -> str:
+    """title with the latest YYYY-MM-DD found in paths (bench/results/ names), if any."""
+    dates = sorted(d for p in paths for d in re.findall(r"\d{4}-\d{2}-\d{2}", p))
+    return f"{title} ({dates[-1]})" if dates else title
 
 
 def _relative(points, base_name, base=None):
@@ -149,9 +157,10 @@ def main() -> int:
     for path in args.eager_peers:
         eager += [p for p in _relative(_from_json(path), "none")
                   if not p[0].startswith("spillway")]
-    _panel(left, eager, "none",
-           "T1 eager, H200 (2026-12-01)", "spillway-eager-budget", "upper right")
-    _panel(right, compiled, "compiled", "T1 torch.compile, H200 (2026-12-02)",
+    _panel(left, eager, "none", _dated("T1 eager, H200", [args.eager, *args.eager_peers]),
+           "spillway-eager-budget", "upper right")
+    compiled_files = [*args.compiled_peers, *args.compiled, args.compiled_log or ""]
+    _panel(right, compiled, "compiled", _dated("T1 torch.compile, H200", compiled_files),
            "spillway-compiled", "upper center", set(args.superseded))
     fig.tight_layout()
     fig.savefig(args.out)
