@@ -10,13 +10,16 @@ the step's peak, and list the blocks live there, largest first, each with the
 source line that allocated it (for torch.compile: the line of Inductor's
 generated code, e.g. `buf12 = empty_strided_cuda(...)`, and the buffer's
 kernel). Where a simulator's forecast peak departs from the measured one,
-this says which buffers make the difference. Writes DIR/<method>.md.
+this says which buffers make the difference. Writes DIR/<method>.md (the
+method's name with every character but letters, digits, "_.-" made "_") and
+the method's t1.py stats beside it, DIR/<method>.stats.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import linecache
 import os
 import re
@@ -118,9 +121,13 @@ def snapshot(spec: str, out_dir: str) -> str:
         if e["action"] == "alloc":
             lines.append(f"- {e['size'] / (1 << 20):.1f} `{_where(e.get('frames', []))}`")
     text = "\n".join(lines) + "\n"
-    safe = re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec)
     with open(os.path.join(out_dir, f"{safe}.md"), "w", encoding="utf-8") as f:
         f.write(text)
+    # The method's own stats (a budget plan's forecast, and for eager its measured
+    # profile): the plan can be simulated again beside this snapshot.
+    with open(os.path.join(out_dir, f"{safe}.stats.json"), "w", encoding="utf-8") as f:
+        json.dump(_stats(), f, default=str)
     return text
 
 
