@@ -48,7 +48,9 @@ BENCHMARKS.md). Methods:
                          two warm-up steps profile, the plan applies from the third
                          (needs --warmup >= 3). The results carry the plan's
                          forecast beside the measurement (a table of its own).
-  compiled               torch.compile (inductor), nothing
+  compiled               torch.compile (inductor), nothing; options after a colon set
+                         torch._functorch.config flags for this method, e.g.
+                         compiled:ban_recompute_materialized_backward=0
   compiled-ckpt-full     torch.compile over the checkpointed layers
   compiled-amb:budget=B  torch.compile with torch._functorch.config.activation_memory_budget = B
                          (the min-cut partitioner's own memory budget, 0..1)
@@ -62,7 +64,8 @@ BENCHMARKS.md). Methods:
                          from step to step included (grads_kept=True); with a
                          budget, offload_materialised=True unless given
                          (offload_materialised=0: bit-exact where nothing is
-                         recomputed)
+                         recomputed); recompute_far_apart=1: compile's option of
+                         that name (closer to fp32, not bit-exact)
 
 --flat-steps N (or the method option flat=N) runs N more steps for spillway
 methods and records, per step,
@@ -226,9 +229,17 @@ def _step_fn(name: str, options: dict, model, device: str):
         step.last = None
         return step, lambda: (step.last.stats() if step.last is not None else {})
     if name in ("compiled", "compiled-ckpt-full", "compiled-pt-offload", "compiled-amb"):
+        import torch._functorch.config as fconfig
         if name == "compiled-amb":
-            import torch._functorch.config as fconfig
             fconfig.activation_memory_budget = float(options["budget"])
+        for key, value in options.items():  # compiled:ban_recompute_reductions=0, ...
+            if key == "budget":
+                continue
+            if not hasattr(fconfig, key):
+                raise SystemExit(f"t1: {name}: {key!r} is no torch._functorch.config flag")
+            kind = type(getattr(fconfig, key))
+            setattr(fconfig, key, str(value).lower() not in ("0", "false") if kind is bool
+                    else kind(value))
         if name == "compiled-pt-offload":
             import torch._functorch.config as fconfig
             fconfig.enable_activation_offloading = True
@@ -252,6 +263,8 @@ def _step_fn(name: str, options: dict, model, device: str):
             # The curve of the README: the fastest mode, not bit-exact (compile's docstring);
             # offload_materialised=0 gives the bit-exact one.
             options["offload_materialised"] = bool(options.get("offload_materialised", True))
+        if "recompute_far_apart" in options:
+            options["recompute_far_apart"] = bool(options["recompute_far_apart"])
         fn = sc.compile(model, **options)
         def plan_stats():
             plans = sc.last_plans()

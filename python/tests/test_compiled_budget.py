@@ -305,6 +305,35 @@ def test_grads_kept_errors_name_the_problem(kwargs, message):
         compiled.compile(lambda x: x, memory_budget="1GiB", grads_kept=True)
 
 
+@pytest.mark.parametrize("budget", [None, "90%"])
+def test_recompute_far_apart_lifts_the_ban_for_its_graphs_only(budget, monkeypatch):
+    """Note [Recomputing values used far apart]: the min-cut the partitioner solves
+    for a graph of this compile has the ban lifted; the setting is the user's again
+    afterwards, and a compile without the option keeps it."""
+    from torch._functorch import partitioners
+
+    bans = []
+    solve = partitioners.solve_min_cut
+
+    def spy(joint_graph, node_info, min_cut_options, *args, **kwargs):
+        bans.append(min_cut_options.ban_if_used_far_apart)
+        return solve(joint_graph, node_info, min_cut_options, *args, **kwargs)
+
+    monkeypatch.setattr(partitioners, "solve_min_cut", spy)
+    user = torch._functorch.config.ban_recompute_used_far_apart
+    for lifted in (True, False):
+        bans.clear()
+        torch._dynamo.reset()
+        model = _tiny_llama()
+        run = compiled.compile(model, backend="aot_eager", memory_budget=budget, min_bytes=0,
+                               recompute_far_apart=lifted)
+        run(_ids(0), labels=_ids(0)).loss.backward()
+        assert bans and all(ban == (not lifted) for ban in bans), bans
+        assert torch._functorch.config.ban_recompute_used_far_apart == user
+    with pytest.raises(ValueError, match="recompute_far_apart must be a bool"):
+        compiled.compile(model, recompute_far_apart=1)
+
+
 def test_budget_strings_parse_to_bytes_and_fractions():
     assert parse_memory_budget("12GiB") == ("bytes", 12 << 30)
     assert parse_memory_budget("800 MiB") == ("bytes", 800 << 20)

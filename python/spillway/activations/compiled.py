@@ -223,10 +223,27 @@ def _raise_on_call(error: ValueError) -> Callable[..., Any]:
     return refuse
 
 
+# Note [Recomputing values used far apart]: torch's min-cut partitioner saves
+# a fusible value whose forward and backward uses are far apart rather than
+# recompute it (config.ban_recompute_used_far_apart, on by default). Recomputed,
+# such a value is rebuilt inside the backward kernel that reads it, in fp32,
+# from what the forward computed it from; saved, it was rounded to its 16-bit
+# dtype when written. On T1 (bf16 Llama, H200, 2026-12-02, results v9) lifting
+# that ban alone took plain torch.compile's gradient error against an fp32
+# reference from 3.157e-2 to 2.845e-2 (activation_memory_budget 0.7, which
+# lifts it among others: 2.876e-2), at the same peak (23.06 GiB) and a step
+# 1.8 % slower in a 3-step run (256.4 against 251.8 ms).
+_FAR_APART = "ban_recompute_used_far_apart"
+
+# The partitioner settings the joint pass may change for the graph it planned
+# (the budget pass turns CSE off; recompute_far_apart lifts a ban): the user's
+# come back after each compile.
+_PARTITIONER_FLAGS = ("cse", _FAR_APART)
+
+
 def _guarded(compile_graph: Callable[..., Any], gm: Any, example_inputs: Any) -> Any:
-    # The budget pass may turn the partitioner's CSE off for the graph it
-    # planned (_budget_pass); the user's setting comes back after each compile.
-    cse = torch._functorch.config.cse
+    config = torch._functorch.config
+    saved = {flag: getattr(config, flag) for flag in _PARTITIONER_FLAGS if hasattr(config, flag)}
     try:
         return compile_graph(gm, example_inputs)
     except Exception as e:
@@ -235,7 +252,8 @@ def _guarded(compile_graph: Callable[..., Any], gm: Any, example_inputs: Any) ->
             raise
         return _raise_on_call(rejection.error)
     finally:
-        torch._functorch.config.cse = cse
+        for flag, value in saved.items():
+            setattr(config, flag, value)
 
 
 class _Session:
@@ -259,11 +277,16 @@ class _Session:
         self.pending_forward: CompiledPlan | None = None
         self.pending_backward: list[tuple[CompiledPlan, frozenset[str]]] = []
         self.warned_zero_gradients = False  # _budget_pass warns once per compile()
+        # Note [Recomputing values used far apart]: compile(recompute_far_apart=True).
+        self.recompute_far_apart = False
 
     # -- the joint pass -----------------------------------------------------------
 
     def joint_pass(self, graph: torch.fx.Graph) -> None:
         gm = graph.owning_module
+        if self.recompute_far_apart:
+            # The partitioner runs right after this pass; _guarded restores the flag.
+            setattr(torch._functorch.config, _FAR_APART, False)
         # The partitioner's CSE would merge values the plan moves separately
         # (and then their offloads): merge them first (_compiled_cse.py).
         merged = merge_common_subexpressions(graph)
@@ -686,7 +709,7 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
             scope: str | None = None, host_budget_bytes: int = 0,
             min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
             release_lag: int = 1, grads_kept: bool = False,
-            offload_materialised: bool = False,
+            offload_materialised: bool = False, recompute_far_apart: bool = False,
             offload_tuple_outputs: bool = False,
             dense_storages: bool = False, replay_pointwise: bool = True,
             backend: str = "inductor",
@@ -727,6 +750,14 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     recomputes nothing is bit-equal to plain torch.compile: only such values
     that no kernel can round are offloaded (the attention mask, a where
     between tensors of its dtype; a widening cast; clone).
+    recompute_far_apart: the partitioner may recompute in backward a fusible
+    value whose forward and backward uses are far apart, in fp32 inside the
+    kernel that reads it, instead of saving it rounded to its 16-bit dtype
+    (it lifts torch._functorch.config.ban_recompute_used_far_apart for the
+    graphs this compiles; Note [Recomputing values used far apart]). Closer to
+    fp32 gradients, as close as activation_memory_budget's, at a step about 2 %
+    slower on T1 (plain torch.compile, H200); results then differ from plain
+    torch.compile's in the last bits, with or without a budget.
     scope: leaf module name whose activations may move ("self_attn", "mlp");
     default "self_attn" without memory_budget, every block with it.
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
@@ -795,7 +826,14 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
         module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}
         if budget is None or budget["options"]["scope"]:
             _check_scope_in_model(model_or_fn, module_names, scope)
+    if not isinstance(recompute_far_apart, bool):
+        raise ValueError(f"[compiled] recompute_far_apart must be a bool, got "
+                         f"{recompute_far_apart!r}")
+    if recompute_far_apart and not hasattr(torch._functorch.config, _FAR_APART):
+        raise ValueError(f"[compiled] recompute_far_apart needs a torch whose partitioner has "
+                         f"torch._functorch.config.{_FAR_APART} (this is {torch.__version__})")
     session = _Session(plan_options, module_names, budget)
+    session.recompute_far_apart = recompute_far_apart
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
     if backend == "inductor":
