@@ -231,8 +231,9 @@ def _raise_on_call(error: ValueError) -> Callable[..., Any]:
 # dtype when written. On T1 (bf16 Llama, H200, 2026-12-02, results v9) lifting
 # that ban alone took plain torch.compile's gradient error against an fp32
 # reference from 3.157e-2 to 2.845e-2 (activation_memory_budget 0.7, which
-# lifts it among others: 2.876e-2), at the same peak (23.06 GiB) and a step
-# 1.8 % slower in a 3-step run (256.4 against 251.8 ms).
+# lifts it among others: 2.876e-2), at the same peak (23.06 GiB); its median
+# step of three, 256.4 ms against 251.8, is within plain compile's own spread
+# there (251.5 to 262.6 ms).
 _FAR_APART = "ban_recompute_used_far_apart"
 
 # The partitioner settings the joint pass may change for the graph it planned
@@ -755,9 +756,11 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     kernel that reads it, instead of saving it rounded to its 16-bit dtype
     (it lifts torch._functorch.config.ban_recompute_used_far_apart for the
     graphs this compiles; Note [Recomputing values used far apart]). Closer to
-    fp32 gradients, as close as activation_memory_budget's, at a step about 2 %
-    slower on T1 (plain torch.compile, H200); results then differ from plain
-    torch.compile's in the last bits, with or without a budget.
+    fp32 gradients, as close as activation_memory_budget's, with no cost above
+    the noise of a 3-step run on T1 (plain torch.compile, H200); results then
+    differ from plain torch.compile's in the last bits, with or without a
+    budget. The budget planner's model of the partitioner does not model that
+    ban either way (execution model (11), include/spillway/sim.h).
     scope: leaf module name whose activations may move ("self_attn", "mlp");
     default "self_attn" without memory_budget, every block with it.
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
