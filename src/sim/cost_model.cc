@@ -161,8 +161,7 @@ Work work_of(const Node& node, const OpSchema* schema, const NodeLookup& lookup)
     return w;
   }
   const bool backward = name.ends_with("_backward");
-  if (name.find("scaled_dot_product") != std::string_view::npos &&
-      name.find("attention") != std::string_view::npos) {
+  if (is_attention(name)) {
     return attention_work(node, schema, lookup, backward);
   }
   if (name.find("convolution") != std::string_view::npos) {

@@ -69,11 +69,14 @@ std::int64_t value_nbytes(const Value& value) {
   return total;
 }
 
+bool is_attention(std::string_view op) {
+  return op.find("scaled_dot_product") != std::string_view::npos &&
+         op.find("attention") != std::string_view::npos;
+}
+
 std::pair<std::int64_t, std::int64_t> scratch_bytes(const Node& node) {
   const std::string_view target = node.target;
-  if (target.find("scaled_dot_product") == std::string_view::npos ||
-      target.find("attention") == std::string_view::npos ||
-      target.find("_backward") == std::string_view::npos) {
+  if (!is_attention(target) || target.find("_backward") == std::string_view::npos) {
     return {0, 0};
   }
   const Value& out = node.value;

@@ -4,6 +4,7 @@
 // count 0; counts saturate at INT64_MAX instead of overflowing.
 
 #include <cstdint>
+#include <string_view>
 #include <utility>
 
 #include "spillway/graph.h"
@@ -28,10 +29,14 @@ struct TensorBytes {
 };
 TensorBytes tensor_bytes(const TensorInfo& info);
 
+// Whether an op name or target names a scaled-dot-product attention, forward
+// or backward (flash, efficient, cuDNN, math: they all contain
+// "scaled_dot_product" and "attention").
+bool is_attention(std::string_view op);
+
 // The two scratch allocations a kernel makes while it runs (execution model
 // (7)), unrounded; {0, 0} for a node that makes none. Only attention
-// backwards (a target containing "scaled_dot_product", "attention" and
-// "_backward") have any: the query gradient's elements (the first output's,
+// backwards (is_attention, and a target containing "_backward") have any: the query gradient's elements (the first output's,
 // or, with no output shape, nothing) times 4, and its rows (all sizes but the
 // last) times 4.
 std::pair<std::int64_t, std::int64_t> scratch_bytes(const Node& node);
