@@ -463,9 +463,12 @@ def _eager_budget(model, device: str, options: dict, plain):
             out["forecast"] = plan.forecast()
             out["calibration"] = plan.calibration
             out["prefetch"] = plan.prefetch
-            # The measured profile the plan was made from: with the calibration, enough to
-            # plan this step again on a machine without a GPU (_budget_graph.block_graph).
+            # The measured profile the plan was made from, and the planner's input itself:
+            # bench/torch/replay_eager_plan.py makes the plan again on a machine without
+            # a GPU, exactly.
             out["profile"] = dataclasses.asdict(plan.profile)
+            out["plan_graph"] = plan.graph
+            out["planner_options"] = plan.planner_options
             calls = plan.profile.calls
             out["choices"] = [dict(block=c.block, saved=c.saved, cheap=c.cheap, input=c.input,
                                    lag=c.lag, saved_bytes=c.saved_bytes,

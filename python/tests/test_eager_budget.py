@@ -744,3 +744,29 @@ def test_nothing_of_a_step_outlives_it(cheap, no_leaks):
     ctx._policies = [_CallPolicy(False, True, False, lag=0, cheap=cheap) for _ in ctx._policies]
     _run(work, ctx, steps=2)
     assert new() == []
+
+
+# The latest H200 run of T1's eager curve (README, bench/results): its plans, made again.
+MEASURED_EAGER_RUN = (pathlib.Path(__file__).resolve().parents[2] /
+                      "bench/results/2026-12-02-t1-eager-budget-v6-h200.json")
+
+
+def test_the_measured_eager_plans_are_made_again_unchanged():
+    """Every plan of the latest measured eager curve, planned again from what the run
+    recorded (bench/torch/replay_eager_plan.py), forecasts what it forecast on the GPU.
+    Failing: a change to the planner or the simulator changed a measured plan, so the
+    README's eager figures no longer describe this tree; measure again (scripts/device-
+    check) and point MEASURED_EAGER_RUN at the new run."""
+    import sys
+    sys.path.insert(0, str(MEASURED_EAGER_RUN.parents[2] / "bench/torch"))
+    import replay_eager_plan
+
+    records = [r for r in json.loads(MEASURED_EAGER_RUN.read_text())
+               if r["method"].startswith("spillway-eager-budget")
+               and "forecast" in (r.get("method_stats") or {})]
+    assert len(records) >= 5
+    for record in records:
+        _, _, _, result = replay_eager_plan.replay(record)
+        assert result is not None, record["method"]
+        assert replay_eager_plan.same_forecast(result, record["method_stats"]["forecast"]), (
+            record["method"], result["forecast"], record["method_stats"]["forecast"])

@@ -254,6 +254,13 @@ class EagerBudgetPlan:
         distance whose plan forecast the fastest step)."""
         return self._options["prefetch_regions"]
 
+    @property
+    def planner_options(self) -> dict:
+        """The keyword arguments of the spillway._C.plan_memory_budget call that made
+        this plan from `graph` and `budget_bytes` (a copy): with them the plan can be
+        made again, on any machine, bit for bit."""
+        return dict(self._options)
+
     def _replan(self, **extra) -> dict:
         _C = _bindings()
         return json.loads(_C.plan_memory_budget(json.dumps(self.graph), self.budget_bytes,
