@@ -59,7 +59,7 @@ def snapshot(spec: str, out_dir: str) -> str:
 
     name, options = t1._parse_method(spec)
     model, ids = t1._build(t1.T1, "cuda", torch.bfloat16)
-    step, _stats = t1._step_fn(name, options, model, "cuda")
+    step, stats = t1._step_fn(name, options, model, "cuda")
     step(ids).backward()
     torch.cuda.synchronize()
     # History from the second warm-up step on: what it allocated and still holds when
@@ -127,7 +127,7 @@ def snapshot(spec: str, out_dir: str) -> str:
     # The method's own stats (a budget plan's forecast, and for eager its measured
     # profile): the plan can be simulated again beside this snapshot.
     with open(os.path.join(out_dir, f"{safe}.stats.json"), "w", encoding="utf-8") as f:
-        json.dump(_stats(), f, default=str)
+        json.dump(stats(), f, default=str)
     return text
 
 

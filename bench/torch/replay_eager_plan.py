@@ -62,8 +62,7 @@ def _rebuilt(stats: dict) -> tuple[dict, dict]:
     for min_bytes in (1 << 20, inputs + 1):
         options = dict(base, min_bytes=min_bytes)
         result = _plan(graph, stats["budget"], options)
-        if result and result["forecast"]["peak_bytes"] == stats["forecast"]["peak_bytes"] and \
-                abs(result["forecast"]["step_ms"] - stats["forecast"]["step_ms"]) < 1e-6:
+        if result and same_forecast(result, stats["forecast"]):
             return graph, options
     return graph, dict(base, min_bytes=1 << 20)
 

@@ -241,7 +241,6 @@ def _step_fn(name: str, options: dict, model, device: str):
             setattr(fconfig, key, str(value).lower() not in ("0", "false") if kind is bool
                     else kind(value))
         if name == "compiled-pt-offload":
-            import torch._functorch.config as fconfig
             fconfig.enable_activation_offloading = True
             fconfig.activation_offload_separate_stream = True
             fconfig.activation_offload_sink_wait = True

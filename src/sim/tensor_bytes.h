@@ -36,9 +36,9 @@ bool is_attention(std::string_view op);
 
 // The two scratch allocations a kernel makes while it runs (execution model
 // (7)), unrounded; {0, 0} for a node that makes none. Only attention
-// backwards (is_attention, and a target containing "_backward") have any: the query gradient's elements (the first output's,
-// or, with no output shape, nothing) times 4, and its rows (all sizes but the
-// last) times 4.
+// backwards (is_attention, and a target containing "_backward") have any:
+// the query gradient's elements (the first output's, or, with no output
+// shape, nothing) times 4, and its rows (all sizes but the last) times 4.
 std::pair<std::int64_t, std::int64_t> scratch_bytes(const Node& node);
 
 // a + b for byte counts >= 0, saturating at INT64_MAX.
