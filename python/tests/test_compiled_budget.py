@@ -334,6 +334,34 @@ def test_recompute_far_apart_lifts_the_ban_for_its_graphs_only(budget, monkeypat
         compiled.compile(model, recompute_far_apart=1)
 
 
+@pytest.mark.parametrize("options, lifted", [
+    ({"memory_budget": "100%"}, False),  # nothing recomputed: bit-equal to plain compile
+    ({"memory_budget": "100%", "offload_materialised": True}, True),  # not bit-exact anyway
+    ({"memory_budget": "90%", "allow_offload": False}, True),  # the plan recomputes
+    ({}, False)])  # no budget: the scope policy, bit-exact
+def test_recompute_far_apart_by_default_where_the_plan_is_not_bit_exact(options, lifted,
+                                                                         monkeypatch):
+    from torch._functorch import partitioners
+
+    bans = []
+    solve = partitioners.solve_min_cut
+
+    def spy(joint_graph, node_info, min_cut_options, *args, **kwargs):
+        bans.append(min_cut_options.ban_if_used_far_apart)
+        return solve(joint_graph, node_info, min_cut_options, *args, **kwargs)
+
+    monkeypatch.setattr(partitioners, "solve_min_cut", spy)
+    model = _tiny_llama()
+    run = compiled.compile(model, backend="aot_eager", min_bytes=0, **options)
+    run(_ids(0), labels=_ids(0)).loss.backward()
+    if "memory_budget" in options:
+        (plan,) = compiled.last_plans()
+        recomputes = any(c["decision"] == "recompute" and not c["by_partitioner"]
+                         for c in plan.budget["choices"])
+        assert recomputes == (options["memory_budget"] == "90%")
+    assert bans and all(ban == (not lifted) for ban in bans), bans
+
+
 def test_budget_strings_parse_to_bytes_and_fractions():
     assert parse_memory_budget("12GiB") == ("bytes", 12 << 30)
     assert parse_memory_budget("800 MiB") == ("bytes", 800 << 20)

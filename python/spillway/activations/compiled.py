@@ -278,8 +278,9 @@ class _Session:
         self.pending_forward: CompiledPlan | None = None
         self.pending_backward: list[tuple[CompiledPlan, frozenset[str]]] = []
         self.warned_zero_gradients = False  # _budget_pass warns once per compile()
-        # Note [Recomputing values used far apart]: compile(recompute_far_apart=True).
-        self.recompute_far_apart = False
+        # Note [Recomputing values used far apart]: compile(recompute_far_apart=...);
+        # None: the budget pass decides per graph.
+        self.recompute_far_apart: bool | None = None
 
     # -- the joint pass -----------------------------------------------------------
 
@@ -356,10 +357,18 @@ class _Session:
                 raise _PlanRejected(e) from e
         except MemoryError as e:
             raise _PlanRejected(ValueError(str(e))) from e
+        recomputes = plan is not None and any(
+            c["decision"] == "recompute" and not c["by_partitioner"] for c in plan["choices"])
+        if (self.recompute_far_apart is None and plan is not None and
+                hasattr(torch._functorch.config, _FAR_APART) and
+                (recomputes or options.get("offload_materialised"))):
+            # Note [Recomputing values used far apart], the default: a plan that is
+            # not bit-exact anyway gets activation_memory_budget's accuracy; one that
+            # recomputes nothing stays bit-equal to plain compile. _guarded restores it.
+            setattr(torch._functorch.config, _FAR_APART, False)
         if plan is not None and plan["edit_list"]:
             EditReplayer(graph).apply(plan["edit_list"])
-            if any(c["decision"] == "recompute" and not c["by_partitioner"]
-                   for c in plan["choices"]):
+            if recomputes:
                 # A recompute is a copy of the forward's op that the backward
                 # reads instead of the original; the partitioner's CSE would merge
                 # it back into the original, which the forward then saves (the plan
@@ -710,7 +719,7 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
             scope: str | None = None, host_budget_bytes: int = 0,
             min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
             release_lag: int = 1, grads_kept: bool = False,
-            offload_materialised: bool = False, recompute_far_apart: bool = False,
+            offload_materialised: bool = False, recompute_far_apart: bool | None = None,
             offload_tuple_outputs: bool = False,
             dense_storages: bool = False, replay_pointwise: bool = True,
             backend: str = "inductor",
@@ -751,16 +760,19 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     recomputes nothing is bit-equal to plain torch.compile: only such values
     that no kernel can round are offloaded (the attention mask, a where
     between tensors of its dtype; a widening cast; clone).
-    recompute_far_apart: the partitioner may recompute in backward a fusible
-    value whose forward and backward uses are far apart, in fp32 inside the
-    kernel that reads it, instead of saving it rounded to its 16-bit dtype
-    (it lifts torch._functorch.config.ban_recompute_used_far_apart for the
-    graphs this compiles; Note [Recomputing values used far apart]). Closer to
-    fp32 gradients, as close as activation_memory_budget's, with no cost above
-    the noise of a 3-step run on T1 (plain torch.compile, H200); results then
-    differ from plain torch.compile's in the last bits, with or without a
-    budget. The budget planner's model of the partitioner does not model that
-    ban either way (execution model (11), include/spillway/sim.h).
+    recompute_far_apart: True: the partitioner may recompute in backward a
+    fusible value whose forward and backward uses are far apart, in fp32
+    inside the kernel that reads it, instead of saving it rounded to its
+    16-bit dtype (it lifts torch._functorch.config.ban_recompute_used_far_apart
+    for the graphs this compiles; Note [Recomputing values used far apart]).
+    Closer to fp32 gradients, as close as activation_memory_budget's, with no
+    cost above the noise of a 3-step run on T1 (plain torch.compile, H200);
+    results then differ from plain torch.compile's in the last bits. False:
+    never. None (default): with memory_budget, for each graph whose plan is
+    not bit-exact anyway (it recomputes a value the partitioner would not, or
+    offload_materialised); a plan that recomputes nothing stays bit-equal to
+    plain torch.compile. The budget planner's model of the partitioner does
+    not model that ban either way (execution model (11), include/spillway/sim.h).
     scope: leaf module name whose activations may move ("self_attn", "mlp");
     default "self_attn" without memory_budget, every block with it.
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
@@ -829,8 +841,8 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
         module_names = {n: type(m) for n, m in model_or_fn.named_modules(remove_duplicate=False)}
         if budget is None or budget["options"]["scope"]:
             _check_scope_in_model(model_or_fn, module_names, scope)
-    if not isinstance(recompute_far_apart, bool):
-        raise ValueError(f"[compiled] recompute_far_apart must be a bool, got "
+    if recompute_far_apart is not None and not isinstance(recompute_far_apart, bool):
+        raise ValueError(f"[compiled] recompute_far_apart must be a bool or None, got "
                          f"{recompute_far_apart!r}")
     if recompute_far_apart and not hasattr(torch._functorch.config, _FAR_APART):
         raise ValueError(f"[compiled] recompute_far_apart needs a torch whose partitioner has "
