@@ -187,7 +187,8 @@ void init_budget(py::module_& m) {
   m.def(
       "simulate_graph",
       [](const std::string& graph_json, const std::string& profile,
-         const std::vector<NodeId>& recomputed, bool trace, const std::string& svg_title) {
+         const std::vector<NodeId>& recomputed, bool trace, const std::string& svg_title,
+         bool timeline) {
         Knobs knobs;
         knobs.device_profile_json = profile;
         return guarded([&] {
@@ -212,16 +213,26 @@ void init_budget(py::module_& m) {
                       {"host_peak_bytes", r.host_peak_bytes}};
           if (trace) out["chrome_trace"] = chrome_trace(graph, r);
           if (!svg_title.empty()) out["memory_svg"] = memory_svg(graph, r, svg_title);
+          if (timeline) {
+            json points = json::array();  // in graph order, one per node
+            for (std::size_t i = 0; i < r.timeline.size(); ++i) {
+              points.push_back({{"name", graph.nodes[i].name},
+                                {"live_bytes", r.timeline[i].live_bytes},
+                                {"scratch_bytes", r.timeline[i].scratch_bytes}});
+            }
+            out["timeline"] = std::move(points);
+          }
           return out.dump();
         });
       },
       py::arg("graph_json"), py::kw_only(), py::arg("device_profile_json") = "",
       py::arg("recomputed") = std::vector<NodeId>{}, py::arg("trace") = false,
-      py::arg("svg_title") = "",
+      py::arg("svg_title") = "", py::arg("timeline") = false,
       "Simulates one step of a graph (include/spillway/sim.h) and returns JSON text: step_ms, "
       "peak_bytes, peak_node, peak_phase, compute_busy_ms, compute_wait_ms, recompute_ms, "
       "bytes_d2h, bytes_h2d, host_peak_bytes, and with trace / svg_title the Chrome trace and "
-      "the memory picture.");
+      "the memory picture, with timeline the device bytes live at each node in graph order "
+      "(name, live_bytes, scratch_bytes).");
 }
 
 }  // namespace spillway::python

@@ -624,16 +624,20 @@ def test_cuda_profiling_step_peaks_below_a_plain_step_and_stays_bit_equal():
         step(None)  # warm up kernels and the allocator
         ref_loss, ref_grads, plain_peak = step(None)
         ctx = offload_activations(model, memory_budget=0.7)  # two profiling steps
-        loss, grads, profiled_peak = step(ctx)
+        # The first profiling step restarts the peak statistics at each stretch (Note
+        # [Where the step peaks]): what is left of them after it is its last stretch's.
+        loss, grads, last_stretch_peak = step(ctx)
         _assert_same(loss, grads, ref_loss, ref_grads, 0)
-        assert profiled_peak < plain_peak, (profiled_peak, plain_peak)
         loss, grads, _ = step(ctx)
         _assert_same(loss, grads, ref_loss, ref_grads, 1)
         assert ctx.plan is None
         loss, grads, planned_peak = step(ctx)
         _assert_same(loss, grads, ref_loss, ref_grads, 2)
         calibration = ctx.plan.calibration
-        assert calibration["measured_peak_bytes"] == profiled_peak  # the first step's
+        profiled_peak = calibration["measured_peak_bytes"]  # the first step's
+        assert profiled_peak == max(calibration["segment_peak_bytes"])
+        assert calibration["segment_peak_bytes"][-1] <= last_stretch_peak
+        assert profiled_peak < plain_peak, (profiled_peak, plain_peak)
         # The block times tile the step: the graph's simulated step is the measured one
         # but for the gaps between marks (work outside the model call, launches).
         assert abs(calibration["simulated_step_ms"] / calibration["measured_step_ms"] - 1) < 0.1
@@ -770,3 +774,44 @@ def test_the_measured_eager_plans_are_made_again_unchanged():
         assert result is not None, record["method"]
         assert replay_eager_plan.same_forecast(result, record["method_stats"]["forecast"]), (
             record["method"], result["forecast"], record["method_stats"]["forecast"])
+
+
+def test_each_stretch_of_the_step_is_calibrated_where_it_peaks():
+    """Note [Where the step peaks]: with the profiling step's three measured peaks the
+    calibrated graph peaks at each of them in its own stretch (the head's forward, the
+    loss's backward, the fullest block backward), with no whole-step offset."""
+    from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
+                                                    calibrate, recomputed_ids)
+
+    def simulate(text, recomputed=(), timeline=False):
+        return json.loads(_C.simulate_graph(text, recomputed=list(recomputed),
+                                            timeline=timeline))
+
+    calls = [BlockCall(block=k, path=f"layers.{k}", forward_ms=5.0, backward_ms=15.0,
+                       saved_bytes=256 << 20, input_bytes=64 << 20, output_bytes=64 << 20)
+             for k in range(4)]
+    gib = 1 << 30
+    profile = StepProfile(calls=calls, resident_bytes=gib, post_saved_bytes=gib // 2,
+                          measured_peak_bytes=5 * gib,
+                          segment_peak_bytes=(4 * gib, 5 * gib, 3 * gib))
+    offset, transients, facts = calibrate(simulate, profile, "cuda:0")
+    assert offset == 0 and all(t > 0 for t in transients), transients
+    graph = block_graph(profile, resident_bytes=gib, offset_bytes=0, checkpointed=True,
+                        transients=transients)
+    timeline = simulate(json.dumps(graph), recomputed_ids(graph), timeline=True)["timeline"]
+    live = {p["name"]: p["live_bytes"] + p["scratch_bytes"] for p in timeline}
+    assert live["post_forward"] == 4 * gib
+    assert live["post_backward"] == 5 * gib
+    assert max(v for n, v in live.items() if re.fullmatch(r"b\d+_backward", n)) == 3 * gib
+    assert facts["simulated_peak_bytes"] == 5 * gib == profile.measured_peak_bytes
+    # The transients live only while their node runs: not before it, not after.
+    assert live["b3_output"] + transients[0] <= 4 * gib
+    assert live["loss"] + transients[1] <= 5 * gib
+    assert live["loss"] < 4 * gib
+    # Without the stretches (CPU): the whole-step offset, and a graph as before.
+    plain = StepProfile(calls=calls, resident_bytes=gib, post_saved_bytes=gib // 2,
+                        measured_peak_bytes=5 * gib)
+    offset, transients, _ = calibrate(simulate, plain, "cuda:0")
+    assert transients == (0, 0, 0) and offset > 0
+    assert not any(n["name"].endswith("_transient") for n in block_graph(
+        plain, resident_bytes=gib, offset_bytes=offset)["nodes"])

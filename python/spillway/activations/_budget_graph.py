@@ -72,6 +72,12 @@ _OPS = {
     "backward_split": (["saved", "cheap", "input", "grad_output"], False),
     "param_grads": (["grad_input"], False),
     "pre_backward": (["saved", "grad_output"], False),
+    # Note [Where the step peaks]: memory a stretch's nodes take while they run.
+    "transient": (["anchor"], True),
+    "post_transient": (["input", "transient"], False),
+    "post_backward_transient": (["saved", "loss", "transient"], False),
+    "backward_transient": (["saved", "input", "grad_output", "transient"], False),
+    "backward_split_transient": (["saved", "cheap", "input", "grad_output", "transient"], False),
 }
 
 
@@ -118,6 +124,9 @@ class StepProfile:
     post_backward_ms: float | None = None
     pre_backward_ms: float | None = None
     step_ms: float | None = None   # the model call's start to the end of backward
+    # CUDA: the peak allocated bytes of the step's three stretches (Note [Where the step
+    # peaks]): to the model's end, from there to the last block's backward, the rest.
+    segment_peak_bytes: tuple[int, int, int] | None = None
 
 
 def graph_block_paths(paths: list[str]) -> list[list[str]]:
@@ -169,15 +178,19 @@ def _measured_or_twice(backward_ms: float | None, forward_ms: float) -> float:
 
 
 def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
-                checkpointed: bool = False, device: str = "cuda:0") -> dict:
+                checkpointed: bool = False, device: str = "cuda:0",
+                transients: tuple[int, int, int] = (0, 0, 0)) -> dict:
     """The block graph of `profile` as a JSON-ready dict.
 
     resident_bytes / offset_bytes: the two placeholders' sizes (see
     calibration_offset); the .grad storages backward allocates are the
     profile's new_grad_bytes. checkpointed: every block recomputes S_k in backward (a
     b{k}_recompute node before b{k}_backward), the profiling step itself;
-    recomputed_ids() lists those nodes for the simulator.
+    recomputed_ids() lists those nodes for the simulator. transients: bytes the
+    head's forward, the loss's backward and each block's backward take while they
+    run beyond what the graph holds (Note [Where the step peaks]; 0: no node).
     """
+    t_forward, t_loss, t_block = (max(0, int(t)) for t in transients)
     w = _Writer(device)
     stacks = graph_block_paths([c.path for c in profile.calls])
     resident = w.add("resident", "placeholder", "resident", [], "forward", [], resident_bytes)
@@ -207,12 +220,19 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
         # regions (release lag, reload lead) count from the block that saves it.
         x_stack = stacks[k + 1] if k + 1 < len(profile.calls) else stacks[k]
         x = w.op("output", [c], "forward", x_stack, call.output_bytes, 0.0, f"b{k}_output")
-    post_saved = w.op("post", [x], "forward", [], profile.post_saved_bytes,
-                      profile.post_forward_ms, "post_forward")
+    def transient(nbytes: int, phase: str, stack: list[str], name: str) -> list[int]:
+        return [w.op("transient", [resident], phase, stack, nbytes, 0.0, name)] if nbytes else []
+
+    head = transient(t_forward, "forward", [], "post_forward_transient")
+    post_saved = w.op("post_transient" if head else "post", [x, *head], "forward", [],
+                      profile.post_saved_bytes, profile.post_forward_ms, "post_forward")
     loss = w.op("loss", [post_saved], "forward", [], 4, 0.0, "loss")
     last_out = profile.calls[-1].output_bytes if profile.calls else first_input
-    grad = w.op("post_backward", [post_saved, loss], "backward", [], last_out,
-                _measured_or_twice(profile.post_backward_ms, profile.post_forward_ms))
+    tail = transient(t_loss, "backward", [], "post_backward_transient")
+    grad = w.op("post_backward_transient" if tail else "post_backward",
+                [post_saved, loss, *tail], "backward", [], last_out,
+                _measured_or_twice(profile.post_backward_ms, profile.post_forward_ms),
+                "post_backward")
     grads = [w.op("param_grads", [grad], "backward", [],
                   profile.other_new_grad_bytes, 0.0, "other_param_grads")]
     for k in reversed(range(len(profile.calls))):
@@ -225,11 +245,13 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
                      call.forward_ms, f"b{k}_recompute")
             c = s  # the profiling step: no block split, everything rebuilt
         grad_in_bytes = profile.calls[k - 1].output_bytes if k > 0 else first_input
+        own = transient(t_block, "backward", stacks[k], f"b{k}_transient")
+        suffix = "_transient" if own else ""
         if c != s:
-            grad = w.op("backward_split", [s, c, inputs[k], grad], "backward", stacks[k],
-                        grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
+            grad = w.op(f"backward_split{suffix}", [s, c, inputs[k], grad, *own], "backward",
+                        stacks[k], grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
         else:
-            grad = w.op("backward", [s, inputs[k], grad], "backward", stacks[k],
+            grad = w.op(f"backward{suffix}", [s, inputs[k], grad, *own], "backward", stacks[k],
                         grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
         grads.append(w.op("param_grads", [grad], "backward", stacks[k],
                           call.new_grad_bytes, 0.0, f"b{k}_param_grads"))
@@ -308,6 +330,49 @@ def calibration_offset(simulate, profile: StepProfile, device: str) -> tuple[int
                     "simulated_peak_bytes": simulated, "offset_bytes": offset,
                     "measured_step_ms": profile.step_ms,
                     "simulated_step_ms": result["step_ms"]}
+
+
+def calibrate(simulate, profile: StepProfile, device: str
+              ) -> tuple[int, tuple[int, int, int], dict]:
+    """(offset placeholder bytes, transients for block_graph, facts for the plan's report).
+
+    Note [Where the step peaks]: one whole-step offset (calibration_offset) stands
+    for the loss backward's float logits and their gradients, 3.85 GiB on T1, at
+    every node of the step. A plan whose peak falls elsewhere is then forecast with
+    memory that is not there: on the H200 (v6, 24.6 GiB) the simulated peak was
+    the head's forward, with a block's 864 MiB offload still in flight and the
+    loss backward's 3.85 GiB beside it, 2.2 GiB above the measured peak. Where
+    the profiling step measured the peaks of its three stretches
+    (StepProfile.segment_peak_bytes: to the model's end, from there to the last
+    block's backward, the rest), each stretch gets what its simulation lacks
+    where it happens instead: a transient of the head's forward node
+    (post_forward), of the loss's backward node (post_backward) and of every
+    block's backward, each the measured peak of its stretch less what the
+    profiling step's graph holds live at that node (at the fullest block
+    backward for the blocks), never below 0; the offset is then 0. Without
+    them (CPU, or a profile recorded before), calibration_offset's one constant.
+    simulate(graph_json, recomputed, timeline=...) -> dict is the simulator binding.
+    """
+    if profile.segment_peak_bytes is None:
+        offset, facts = calibration_offset(simulate, profile, device)
+        return offset, (0, 0, 0), facts
+    graph = block_graph(profile, resident_bytes=profile.resident_bytes, offset_bytes=0,
+                        checkpointed=True, device=device)
+    result = simulate(json.dumps(graph), recomputed_ids(graph), timeline=True)
+    live = {p["name"]: p["live_bytes"] + p["scratch_bytes"] for p in result["timeline"]}
+    blocks = [v for name, v in live.items() if re.fullmatch(r"b\d+_backward", name)]
+    forward, loss, rest = profile.segment_peak_bytes
+    transients = (max(0, forward - live["post_forward"]), max(0, loss - live["post_backward"]),
+                  max(0, rest - max(blocks, default=0)))
+    calibrated = block_graph(profile, resident_bytes=profile.resident_bytes, offset_bytes=0,
+                             checkpointed=True, device=device, transients=transients)
+    check = simulate(json.dumps(calibrated), recomputed_ids(calibrated))
+    return 0, transients, {"measured_peak_bytes": profile.measured_peak_bytes,
+                           "segment_peak_bytes": list(profile.segment_peak_bytes),
+                           "transient_bytes": list(transients),
+                           "simulated_peak_bytes": check["peak_bytes"], "offset_bytes": 0,
+                           "measured_step_ms": profile.step_ms,
+                           "simulated_step_ms": check["step_ms"]}
 
 
 def placeholder_bytes(resident: int, offset: int) -> tuple[int, int]:

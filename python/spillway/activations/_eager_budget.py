@@ -26,9 +26,11 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      by the simulator's bandwidth estimate when the plan is made), and its
      input and output bytes; for the step: the bytes
      allocated at its start and its peak (torch.cuda.max_memory_allocated
-     after torch.cuda.reset_peak_memory_stats at the step's start: the
-     caller's peak statistics restart there), and the bytes saved outside
-     the blocks. Every profiling step times (CUDA events, perf_counter on the
+     after torch.cuda.reset_peak_memory_stats at the step's start), also
+     stretch by stretch: to the model's end, from there to the last block's
+     backward, the rest (the statistics restart at each: the caller's peak
+     statistics after this step cover its last stretch only), and the bytes
+     saved outside the blocks. Every profiling step times (CUDA events, perf_counter on the
      CPU) each block's forward and its backward, from the gradient reaching
      the block's output to it reaching the block's input (tensor hooks), and
      the spans around the blocks: from the first gradient reaching a model
@@ -36,7 +38,8 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      backward. The plan takes the last step's times: the counting hooks of
      the first run Python per saved tensor, which slows the recompute down.
   3. At the start of the next step, the measurements become a block graph in
-     Spillway IR (_budget_graph.py), calibrated on the measured peak, and the
+     Spillway IR (_budget_graph.py), calibrated on the measured peaks of the
+     three stretches (_budget_graph.calibrate), and the
      C++ budget planner (spillway._C.plan_memory_budget, with
      release_when_copied) picks, per block's saved tensors S_k, their
      rebuildable part C_k and per block output X_k, keep, offload or
@@ -90,8 +93,7 @@ from spillway import _budget
 from spillway.activations import eager
 from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of, storage_key
 from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
-                                                calibration_offset, placeholder_bytes,
-                                                rebuild_ms)
+                                                calibrate, placeholder_bytes, rebuild_ms)
 
 __all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_budget"]
 
@@ -324,6 +326,9 @@ class _Recording:
         self.post_saved: dict = {}
         self.resident_bytes = 0
         self.peak_bytes: int | None = None
+        # CUDA: the peaks of the step's three stretches (Note [Where the step peaks]):
+        # to the model's end, from there to the last block's backward, the rest.
+        self.segment_peaks: list[int] = []
         self.backward_seen = False
         self.backward_begin = None  # the first gradient reaching a model output
         self.complete = False
@@ -355,7 +360,9 @@ class _Recording:
             pre_saved_bytes=sum(self.pre_saved.values()),
             post_saved_bytes=sum(self.post_saved.values()),
             other_new_grad_bytes=other, resident_bytes=self.resident_bytes,
-            measured_peak_bytes=self.peak_bytes)
+            measured_peak_bytes=self.peak_bytes,
+            segment_peak_bytes=tuple(self.segment_peaks) if len(self.segment_peaks) == 3
+            else None)
 
 
 class BudgetedOffload(eager.OffloadActivations):
@@ -470,9 +477,17 @@ class BudgetedOffload(eager.OffloadActivations):
         rec = self._recording
         if self._pass_mode == "profile" and rec is not None and rec.model_end is None:
             rec.model_end = self._clock.mark()
+            self._segment_peak(rec)
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(self._backward_begin_mark(rec))
+
+    def _segment_peak(self, rec) -> None:
+        """Ends one stretch of the profiling step (Note [Where the step peaks]): its peak
+        allocated bytes, and the peak statistics restart for the next."""
+        if self._device.type == "cuda" and rec.count_saved:
+            rec.segment_peaks.append(torch.cuda.max_memory_allocated(self._device))
+            torch.cuda.reset_peak_memory_stats(self._device)
 
     def _backward_begin_mark(self, rec):
         def hook(grad):
@@ -699,6 +714,9 @@ class BudgetedOffload(eager.OffloadActivations):
         def hook(grad):
             if name not in marks:
                 marks[name] = self._clock.mark()
+                rec = self._recording
+                if name == "bwd_start" and rec is not None and len(rec.segment_peaks) == 1:
+                    self._segment_peak(rec)  # the first block backward: the loss's is over
             self._note_backward()
         return hook
 
@@ -763,6 +781,10 @@ class BudgetedOffload(eager.OffloadActivations):
         rec.backward_end = self._clock.mark()
         if self._device.type == "cuda":
             rec.peak_bytes = torch.cuda.max_memory_allocated(self._device)
+            if len(rec.segment_peaks) == 2:
+                rec.segment_peaks.append(rec.peak_bytes)
+            if rec.segment_peaks:
+                rec.peak_bytes = max(rec.segment_peaks + [rec.peak_bytes])
         with self._lock:
             rec.complete = True
 
@@ -818,10 +840,11 @@ class BudgetedOffload(eager.OffloadActivations):
                     min_bytes=self._min_bytes, device_profile_json=self._profile_json,
                     release_when_copied=True)
 
-    def _simulate(self, graph_json: str, recomputed=()) -> dict:
+    def _simulate(self, graph_json: str, recomputed=(), timeline: bool = False) -> dict:
         return json.loads(_bindings().simulate_graph(graph_json,
                                                      device_profile_json=self._profile_json,
-                                                     recomputed=list(recomputed)))
+                                                     recomputed=list(recomputed),
+                                                     timeline=timeline))
 
     def _make_plan(self) -> None:
         _C = _bindings()
@@ -831,7 +854,7 @@ class BudgetedOffload(eager.OffloadActivations):
         device = str(self._device)
         for call in measured.calls:
             call.cheap_ms = rebuild_ms(self._simulate, *call.cheap_traffic, device)
-        offset, calibration = calibration_offset(self._simulate, measured, device)
+        offset, transients, calibration = calibrate(self._simulate, measured, device)
         # This step's state: the optimizer's and the grads' storages that now exist.
         now = dataclasses.replace(measured, calls=[dataclasses.replace(c) for c in measured.calls])
         per_call, other = self._grads_per_call(now.calls, self._new_grad_bytes())
@@ -842,7 +865,7 @@ class BudgetedOffload(eager.OffloadActivations):
                     else self._host_resident_bytes())
         resident, offset_bytes = placeholder_bytes(resident, offset)
         graph = block_graph(now, resident_bytes=resident, offset_bytes=offset_bytes,
-                            device=device)
+                            device=device, transients=transients)
         text = json.dumps(graph)
         budget = self._budget_bytes
         if budget is None:
