@@ -3,11 +3,9 @@
 spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
-        --eager bench/results/2026-12-02-t1-eager-budget-v6-h200.json \
-        --compiled bench/results/2026-12-02-t1-compiled-v8a-h200.json \
-        --compiled bench/results/2026-12-02-t1-compiled-v8b-h200.json \
-        --compiled bench/results/2026-12-02-t1-compiled-v8c-h200.json \
-        --compiled bench/results/2026-12-02-t1-compiled-v9-h200.json
+        --eager bench/results/2026-12-02-t1-eager-budget-v7-h200.json \
+        --compiled bench/results/2026-12-02-t1-compiled-v10a-h200.json \
+        --compiled bench/results/2026-12-02-t1-compiled-v10b-h200.json
 
 --eager and --compiled take t1.py JSON files (--compiled may repeat: each
 file's points are relative to its own `compiled` method, or to the previous
