@@ -305,11 +305,9 @@ def test_grads_kept_errors_name_the_problem(kwargs, message):
         compiled.compile(lambda x: x, memory_budget="1GiB", grads_kept=True)
 
 
-@pytest.mark.parametrize("budget", [None, "90%"])
-def test_recompute_far_apart_lifts_the_ban_for_its_graphs_only(budget, monkeypatch):
-    """Note [Recomputing values used far apart]: the min-cut the partitioner solves
-    for a graph of this compile has the ban lifted; the setting is the user's again
-    afterwards, and a compile without the option keeps it."""
+def _min_cut_bans(monkeypatch) -> list:
+    """Whether each min-cut the partitioner solves from now on bans recomputing values
+    used far apart (appended as they are solved)."""
     from torch._functorch import partitioners
 
     bans = []
@@ -320,6 +318,15 @@ def test_recompute_far_apart_lifts_the_ban_for_its_graphs_only(budget, monkeypat
         return solve(joint_graph, node_info, min_cut_options, *args, **kwargs)
 
     monkeypatch.setattr(partitioners, "solve_min_cut", spy)
+    return bans
+
+
+@pytest.mark.parametrize("budget", [None, "90%"])
+def test_recompute_far_apart_lifts_the_ban_for_its_graphs_only(budget, monkeypatch):
+    """Note [Recomputing values used far apart]: the min-cut the partitioner solves
+    for a graph of this compile has the ban lifted; the setting is the user's again
+    afterwards, and a compile without the option keeps it."""
+    bans = _min_cut_bans(monkeypatch)
     user = torch._functorch.config.ban_recompute_used_far_apart
     for lifted in (True, False):
         bans.clear()
@@ -341,16 +348,7 @@ def test_recompute_far_apart_lifts_the_ban_for_its_graphs_only(budget, monkeypat
     ({}, False)])  # no budget: the scope policy, bit-exact
 def test_recompute_far_apart_by_default_where_the_plan_is_not_bit_exact(options, lifted,
                                                                          monkeypatch):
-    from torch._functorch import partitioners
-
-    bans = []
-    solve = partitioners.solve_min_cut
-
-    def spy(joint_graph, node_info, min_cut_options, *args, **kwargs):
-        bans.append(min_cut_options.ban_if_used_far_apart)
-        return solve(joint_graph, node_info, min_cut_options, *args, **kwargs)
-
-    monkeypatch.setattr(partitioners, "solve_min_cut", spy)
+    bans = _min_cut_bans(monkeypatch)
     model = _tiny_llama()
     run = compiled.compile(model, backend="aot_eager", min_bytes=0, **options)
     run(_ids(0), labels=_ids(0)).loss.backward()
