@@ -81,6 +81,9 @@ def main() -> int:
         return run
 
     results = {"mib": args.mib, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    loops = {name: loop_of(fn, args.ms) for name, fn in kernels.items()}
+    for name, loop in loops.items():
+        results[f"{name}_alone_ms"] = statistics.median(_timed(loop, compute) for _ in range(5))
     for direction in ("d2h", "h2d"):
         copies(direction, 4)()
         torch.cuda.synchronize()
@@ -89,9 +92,7 @@ def main() -> int:
         alone = statistics.median(_timed(copies(direction, count), copy_stream)
                                   for _ in range(5))
         results[f"{direction}_alone_gbs"] = count * n / alone / 1e6
-        for name, fn in kernels.items():
-            loop = loop_of(fn, args.ms)
-            kernel_alone = statistics.median(_timed(loop, compute) for _ in range(5))
+        for name, loop in loops.items():
             both_copy, both_kernel = [], []
             for _ in range(5):
                 torch.cuda.synchronize()
@@ -108,9 +109,8 @@ def main() -> int:
                 both_kernel.append(k0.elapsed_time(k1))
             copy_ms, kernel_ms = statistics.median(both_copy), statistics.median(both_kernel)
             results[f"{direction}_beside_{name}_gbs"] = count * n / copy_ms / 1e6
-            results[f"{name}_alone_ms"] = kernel_alone
             results[f"{name}_beside_{direction}_ms"] = kernel_ms
-            results[f"{name}_slowdown_beside_{direction}"] = kernel_ms / kernel_alone
+            results[f"{name}_slowdown_beside_{direction}"] = kernel_ms / results[f"{name}_alone_ms"]
     width = max(len(k) for k in results)
     for key, value in results.items():
         shown = f"{value:.3f}" if isinstance(value, float) else value

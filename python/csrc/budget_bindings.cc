@@ -59,6 +59,24 @@ CostModel cost_of(const Knobs& knobs) {
                                                      : parse_device_profile(knobs.device_profile_json));
 }
 
+// The simulation's device bytes live at each node (its points are in graph
+// order, one per node): name, live_bytes, scratch_bytes, by_category.
+json timeline_json(const Graph& graph, const SimResult& simulation) {
+  json points = json::array();
+  for (std::size_t i = 0; i < simulation.timeline.size(); ++i) {
+    const TimelinePoint& point = simulation.timeline[i];
+    json by_category = json::object();
+    for (int c = 0; c < kMemoryCategoryCount; ++c) {
+      by_category[std::string(to_string(static_cast<MemoryCategory>(c)))] = point.by_category[c];
+    }
+    points.push_back({{"name", graph.nodes[i].name},
+                      {"live_bytes", point.live_bytes},
+                      {"scratch_bytes", point.scratch_bytes},
+                      {"by_category", std::move(by_category)}});
+  }
+  return points;
+}
+
 // budget_report's object (choices, forecast, baseline, blocks), plus the
 // recomputed nodes, the edits, the timeline and the pictures the Python side
 // asks for.
@@ -66,22 +84,7 @@ json plan_json(const BudgetPlan& plan, const Knobs& knobs, bool with_edits) {
   json out = cli::budget_plan_json(plan, true);
   out["recomputed_nodes"] = plan.recomputed_nodes;
   if (with_edits) out["edit_list"] = edit_list(plan.graph, plan.edits);
-  if (knobs.timeline) {
-    // The simulation's points are in graph order, one per node.
-    json points = json::array();
-    for (std::size_t i = 0; i < plan.simulation.timeline.size(); ++i) {
-      const TimelinePoint& point = plan.simulation.timeline[i];
-      json by_category = json::object();
-      for (int c = 0; c < kMemoryCategoryCount; ++c) {
-        by_category[std::string(to_string(static_cast<MemoryCategory>(c)))] = point.by_category[c];
-      }
-      points.push_back({{"name", plan.graph.nodes[i].name},
-                        {"live_bytes", point.live_bytes},
-                        {"scratch_bytes", point.scratch_bytes},
-                        {"by_category", std::move(by_category)}});
-    }
-    out["timeline"] = std::move(points);
-  }
+  if (knobs.timeline) out["timeline"] = timeline_json(plan.graph, plan.simulation);
   if (knobs.trace) out["chrome_trace"] = chrome_trace(plan.graph, plan.simulation);
   if (!knobs.svg_title.empty()) {
     out["memory_svg"] = memory_svg(plan.graph, plan.simulation, knobs.svg_title);
@@ -213,15 +216,7 @@ void init_budget(py::module_& m) {
                       {"host_peak_bytes", r.host_peak_bytes}};
           if (trace) out["chrome_trace"] = chrome_trace(graph, r);
           if (!svg_title.empty()) out["memory_svg"] = memory_svg(graph, r, svg_title);
-          if (timeline) {
-            json points = json::array();  // in graph order, one per node
-            for (std::size_t i = 0; i < r.timeline.size(); ++i) {
-              points.push_back({{"name", graph.nodes[i].name},
-                                {"live_bytes", r.timeline[i].live_bytes},
-                                {"scratch_bytes", r.timeline[i].scratch_bytes}});
-            }
-            out["timeline"] = std::move(points);
-          }
+          if (timeline) out["timeline"] = timeline_json(graph, r);
           return out.dump();
         });
       },
@@ -232,7 +227,7 @@ void init_budget(py::module_& m) {
       "peak_bytes, peak_node, peak_phase, compute_busy_ms, compute_wait_ms, recompute_ms, "
       "bytes_d2h, bytes_h2d, host_peak_bytes, and with trace / svg_title the Chrome trace and "
       "the memory picture, with timeline the device bytes live at each node in graph order "
-      "(name, live_bytes, scratch_bytes).");
+      "(name, live_bytes, scratch_bytes, by_category, as plan_memory_budget's).");
 }
 
 }  // namespace spillway::python

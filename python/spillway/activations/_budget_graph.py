@@ -74,11 +74,10 @@ _OPS = {
     "pre_backward": (["saved", "grad_output"], False),
     # Note [Where the step peaks]: memory a stretch's nodes take while they run.
     "transient": (["anchor"], True),
-    "post_transient": (["input", "transient"], False),
-    "post_backward_transient": (["saved", "loss", "transient"], False),
-    "backward_transient": (["saved", "input", "grad_output", "transient"], False),
-    "backward_split_transient": (["saved", "cheap", "input", "grad_output", "transient"], False),
 }
+# The nodes that run beside a transient: their op with it as one more argument.
+_OPS.update({f"{name}_transient": (_OPS[name][0] + ["transient"], _OPS[name][1])
+             for name in ("post", "post_backward", "backward", "backward_split")})
 
 
 @dataclass
