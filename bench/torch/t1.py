@@ -481,6 +481,9 @@ def _eager_budget(model, device: str, options: dict, plain):
                                  else f"+cheap-{c.cheap}")
                 key += "+input-offload" if c.input == "offload" else ""
                 mix[key] = mix.get(key, 0) + 1
+            if plan.head == "offload":
+                mix["head-offload"] = 1
+            out["head"] = plan.head
             out["decision_mix"] = mix
         return out
     return step, stats

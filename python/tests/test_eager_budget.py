@@ -356,6 +356,80 @@ def test_each_decision_maps_to_its_eager_action(saved, offload_input, no_leaks):
         assert moved == (n - 1) * x_bytes and storages == n - 1, stats
 
 
+# ---- the head's late tensors (Note [The head's late tensors]) ------------------
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2-dropout"])
+def test_the_profile_finds_what_only_the_heads_backward_reads(name):
+    """The final norm's and the LM head's saved inputs are late; the loss's saved
+    tensors (read by the loss's backward, before the gradient reaches the logits) not."""
+    work = WORKLOADS[name]()
+    profile = _run(work, _budget_ctx(work, 1.0), steps=2).plan.profile
+    assert 0 < profile.head_late_bytes < profile.post_saved_bytes, profile
+    hidden = work.model.config.hidden_size * work.ids.numel() * 4  # one fp32 hidden state
+    assert profile.head_late_bytes >= 2 * hidden  # the norm's input, the LM head's input
+    assert profile.head_late_saves == tuple(sorted(profile.head_late_saves))
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2-dropout"])
+def test_the_heads_late_tensors_go_to_host_and_back_bit_exactly(name, no_leaks):
+    """With the plan's head decision forced to offload, the late saves move through the
+    store every step (their bytes, no more) and loss and gradients stay bit-equal."""
+    work = WORKLOADS[name]()
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    measured = ctx._measured_profile()
+    assert measured.head_late_saves
+    ctx._head_offload, ctx._head_late = True, frozenset(measured.head_late_saves)
+    before = ctx.stats()
+    _run(work, ctx, steps=2)
+    stats = ctx.stats()
+    assert stats["bytes_offloaded"] - before["bytes_offloaded"] == 2 * measured.head_late_bytes
+    assert stats["bytes_reloaded"] - before["bytes_reloaded"] == 2 * measured.head_late_bytes
+
+
+def test_where_the_loss_backward_peaks_the_head_goes_to_host_at_the_smallest_peak():
+    """Note [The head's late tensors]: with the loss's backward the step's peak (a
+    transient there, as T1's calibration puts 3.85 GiB), the plan at the smallest reachable peak
+    offloads the head's late tensors, whose last-block stack gives them a release before
+    that backward and a reload after it; without them as a candidate that peak is out of
+    reach by their bytes. X_-1 is a candidate too (block 0's stack)."""
+    import dataclasses
+
+    from spillway.activations._budget_graph import block_graph
+
+    work = WORKLOADS["llama"]()
+    plan = _run(work, _budget_ctx(work, 1.0), steps=2).plan
+    profile = plan.profile
+    late = profile.head_late_bytes
+    assert late > 0
+    resident = next(n for n in plan.graph["nodes"] if n["name"] == "resident")
+    transients = (0, 10 * profile.post_saved_bytes, 0)  # the loss backward: the peak
+
+    def graph(p):
+        return json.dumps(block_graph(p, resident_bytes=resident["value"]["sizes"][1],
+                                      offset_bytes=0, device="cpu", transients=transients))
+
+    def floor(text):
+        everything = json.loads(_C.simulate_graph(text))["peak_bytes"]
+        return json.loads(_C.plan_memory_budget(text, everything - 1,
+                                                **plan.planner_options))["min_reachable_bytes"]
+
+    split = graph(profile)
+    flat = graph(dataclasses.replace(profile, head_late_bytes=0, head_late_saves=()))
+    assert floor(split) <= floor(flat) - late
+    result = json.loads(_C.plan_memory_budget(split, floor(split), **plan.planner_options))
+    decisions = {c["name"]: c["decision"] for c in result["choices"]}
+    assert decisions["head_saved"] == "offload" and decisions["pre_output"] == "offload", decisions
+    assert result["forecast"]["peak_node"] == "post_backward", result["forecast"]
+    from spillway.activations._eager_budget import BudgetedOffload
+    assert BudgetedOffload._head_of(result) == "offload"
+    nodes = {n["name"]: n for n in json.loads(split)["nodes"]}
+    assert nodes["head_saved"]["module_stack"] == nodes["b2_forward"]["module_stack"]
+    assert nodes["pre_output"]["module_stack"] == nodes["b0_forward"]["module_stack"]
+    policies, choices = BudgetedOffload._policies_of(result, profile)
+    assert policies[0].offload_input and choices[0].input == "offload"
+
+
 def test_plan_forecast_trace_and_picture(tmp_path):
     work = WORKLOADS["llama"]()
     smallest, baseline = _reachable_range(work, min_bytes=256)
@@ -683,6 +757,45 @@ def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
         saved_by_rebuild = kept_peak - peaks["keep", "recompute"]
         assert 0.7 * cheap <= saved_by_rebuild <= 1.05 * cheap, (saved_by_rebuild, cheap)
         assert peaks["offload", "recompute"] < peaks["keep", "recompute"]
+
+
+@needs_cuda
+def test_cuda_the_heads_late_tensors_leave_before_the_loss_backward_bit_exactly():
+    """Note [The head's late tensors], bf16 Llama with a 32k vocabulary on the GPU: the
+    loss's backward is the step's peak (as on T1). Every block checkpointed with its input
+    offloaded, then the head's late tensors offloaded too: bit-equal on every step, and
+    that peak lower by their bytes."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    with deterministic_cuda():
+        work = _Hf(*tiny_llama(5, device="cuda", dtype=torch.bfloat16, layers=4, hidden=1024,
+                               intermediate=2048, heads=8, kv_heads=4, vocab=32000, batch=4,
+                               seq=1024))
+
+        def step(ctx):
+            return _cuda_step(work, ctx)
+
+        step(None)
+        ref_loss, ref_grads, _ = step(None)
+        ctx = offload_activations(work.model, memory_budget=1.0)
+        for k in range(3):  # two profiling steps, then the plan
+            loss, grads, _ = step(ctx)
+            _assert_same(loss, grads, ref_loss, ref_grads, k)
+        measured = ctx._measured_profile()
+        # The final norm's float input and its bf16 output, the LM head's input.
+        hidden = 4 * 1024 * 1024
+        assert measured.head_late_bytes == 4 * hidden + 2 * hidden + 2 * hidden, measured
+        ctx._policies = [_CallPolicy(checkpoint=True, offload_saved=False, offload_input=True)
+                         for _ in ctx.plan.choices]
+        peaks = {}
+        for head in (False, True):
+            ctx._head_offload, ctx._head_late = head, frozenset(measured.head_late_saves)
+            for k in range(2):
+                loss, grads, peaks[head] = step(ctx)
+                _assert_same(loss, grads, ref_loss, ref_grads, k)
+        # (Within the allocator's 2 MiB rounding of a large block.)
+        assert abs(peaks[False] - peaks[True] - measured.head_late_bytes) <= 2 << 20, (
+            peaks, measured.head_late_bytes)
 
 
 def _tensors_with_history() -> list:

@@ -7,7 +7,7 @@ bytes; this module writes them as a graph whose nodes stand for whole blocks:
 
     resident, offset                placeholders: bytes live all step
     pre_forward -> pre_saved        the work before the first block (embeddings)
-    pre_output  -> X_-1             the first block's input
+    pre_output  -> X_-1             the first block's input (block 0's module stack)
     per call k (module stack of the block, e.g. ["model.layers.3"]):
       b{k}_input(X_k-1)   -> token  4 bytes, time 0 (see block_graph)
       b{k}_forward(token) -> S_k    everything the block saves for backward,
@@ -22,6 +22,9 @@ bytes; this module writes them as a graph whose nodes stand for whole blocks:
                                     stack of block k+1 (whose input it is)
     post_forward(X_last) -> post_saved; loss(post_saved) -> loss
     post_backward(post_saved, loss) -> G_last; other_param_grads(G_last)
+    with the head split (Note [The head's late tensors]):
+      head_saved(X_last) -> H        the last block's stack, before post_forward
+      post_backward(post_saved, loss) -> token; head_backward(H, token) -> G_last
     per call k, last first:
       b{k}_backward(S_k, X_k-1, G_k) -> G_k-1    time = backward without recompute
       b{k}_param_grads(G_k-1) -> dW_k            the block's new .grad storages
@@ -33,7 +36,8 @@ S_k by running b{k}_forward again from X_k-1, i.e. checkpoint the block), C_k
 with S_k recomputed the block is checkpointed whatever C_k's choice, and the
 plan counted C_k as held or moved, more than the run holds or moves) and
 X_k (keep / offload; X_k-1 offloaded with S_k recomputed is a checkpointed
-block whose saved input goes to host memory). b{k}_output's schema says
+block whose saved input goes to host memory; X_-1 too, block 0's input) and H
+(keep / offload, the head's late tensors). b{k}_output's schema says
 `random` only to forbid recomputing X_k: in eager a block output cannot be
 rebuilt on its own. b{k}_forward is deterministic as far as the planner is
 concerned: torch.utils.checkpoint replays the RNG state.
@@ -68,6 +72,7 @@ _OPS = {
     "post": (["input"], False),
     "loss": (["saved"], True),
     "post_backward": (["saved", "loss"], False),
+    "head_backward": (["saved", "grad_output"], False),
     "backward": (["saved", "input", "grad_output"], False),
     "backward_split": (["saved", "cheap", "input", "grad_output"], False),
     "param_grads": (["grad_input"], False),
@@ -126,6 +131,12 @@ class StepProfile:
     # CUDA: the peak allocated bytes of the step's three stretches (Note [Where the step
     # peaks]): to the model's end, from there to the last block's backward, the rest.
     segment_peak_bytes: tuple[int, int, int] | None = None
+    # Note [The head's late tensors]: of post_saved_bytes, the storages saved in the model
+    # call after the last block that backward reads only after the gradient has reached
+    # the model's output, and the positions of their saves among the saves after the
+    # last block (parameters included), which the plan's step counts to find them again.
+    head_late_bytes: int = 0
+    head_late_saves: tuple[int, ...] = ()
 
 
 def graph_block_paths(paths: list[str]) -> list[list[str]]:
@@ -197,7 +208,9 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
     first_input = profile.calls[0].input_bytes if profile.calls else 0
     pre_saved = w.op("pre", [resident], "forward", [], profile.pre_saved_bytes,
                      profile.pre_forward_ms, "pre_forward")
-    x = w.op("output", [pre_saved], "forward", [], first_input, 0.0, "pre_output")
+    # X_-1 carries block 0's stack: the planner may offload it like every block's input.
+    x = w.op("output", [pre_saved], "forward", stacks[0] if stacks else [], first_input, 0.0,
+             "pre_output")
     inputs, saved = [], []
     for k, call in enumerate(profile.calls):
         inputs.append(x)
@@ -222,16 +235,22 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
     def transient(nbytes: int, phase: str, stack: list[str], name: str) -> list[int]:
         return [w.op("transient", [resident], phase, stack, nbytes, 0.0, name)] if nbytes else []
 
+    late_bytes = min(max(0, profile.head_late_bytes), profile.post_saved_bytes)
+    late = ([w.op("output", [x], "forward", stacks[-1], late_bytes, 0.0, "head_saved")]
+            if late_bytes and stacks else [])
     head = transient(t_forward, "forward", [], "post_forward_transient")
     post_saved = w.op("post_transient" if head else "post", [x, *head], "forward", [],
-                      profile.post_saved_bytes, profile.post_forward_ms, "post_forward")
+                      profile.post_saved_bytes - (late_bytes if late else 0),
+                      profile.post_forward_ms, "post_forward")
     loss = w.op("loss", [post_saved], "forward", [], 4, 0.0, "loss")
     last_out = profile.calls[-1].output_bytes if profile.calls else first_input
     tail = transient(t_loss, "backward", [], "post_backward_transient")
     grad = w.op("post_backward_transient" if tail else "post_backward",
-                [post_saved, loss, *tail], "backward", [], last_out,
+                [post_saved, loss, *tail], "backward", [], 4 if late else last_out,
                 _measured_or_twice(profile.post_backward_ms, profile.post_forward_ms),
                 "post_backward")
+    if late:
+        grad = w.op("head_backward", [late[0], grad], "backward", [], last_out, 0.0)
     grads = [w.op("param_grads", [grad], "backward", [],
                   profile.other_new_grad_bytes, 0.0, "other_param_grads")]
     for k in reversed(range(len(profile.calls))):

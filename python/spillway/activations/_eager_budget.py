@@ -30,7 +30,9 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      stretch by stretch: to the model's end, from there to the last block's
      backward, the rest (the statistics restart at each: the caller's peak
      statistics after this step cover its last stretch only), and the bytes
-     saved outside the blocks. Every profiling step times (CUDA events, perf_counter on the
+     saved outside the blocks, with those saved after the last block that
+     only the head's backward reads (Note [The head's late tensors]). Every
+     profiling step times (CUDA events, perf_counter on the
      CPU) each block's forward and its backward, from the gradient reaching
      the block's output to it reaching the block's input (tensor hooks), and
      the spans around the blocks: from the first gradient reaching a model
@@ -60,7 +62,11 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
        X_k-1 offload            the block's saved input goes through the store
                                 (with S_k recompute: the checkpoint's saved
                                 input; otherwise the saved tensors that share
-                                the input's storage).
+                                the input's storage); X_-1: block 0's input.
+       H offload                the head's late tensors go through the store
+                                in a layer of their own, released at the
+                                model's end, reloaded when the head's backward
+                                unpacks them (Note [The head's late tensors]).
      A call has one lag, the smaller of its saved tensors' and its input's.
      They apply from that step on; `ctx.plan` is the EagerBudgetPlan.
 
@@ -91,6 +97,7 @@ from torch.utils.checkpoint import checkpoint
 
 from spillway import _budget
 from spillway.activations import eager
+from spillway.activations._eager_store import _Kept, _Layer
 from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of, storage_key
 from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
                                                 calibrate, placeholder_bytes, rebuild_ms)
@@ -179,6 +186,39 @@ def _tensors(value, depth: int = 3) -> list[torch.Tensor]:
     return []
 
 
+# Note [The head's late tensors]
+# At the step's peak, the loss's backward on T1 (three fp32 buffers of the
+# logits' size), the blocks' saved tensors can all be gone (recomputed, or on
+# the host), but what the head saved stays: the loss's own saved tensors, which
+# that backward reads, and the final norm's and the LM head's inputs (0.25 GiB
+# on T1), which only the head's backward reads, after the loss's. The
+# profiling step numbers the saves made after the last block call up to the
+# model's end and notes which were first read (unpacked) before the gradient
+# reached a non-scalar output of the model (the logits: the loss's backward is
+# over by then, whether the loss is computed in the model or after it): a
+# storage none of whose saves was is late. Their bytes become the block
+# graph's head_saved, a candidate the planner may offload (never recompute)
+# with the last block's stack; the loss's backward then takes a token and
+# head_backward the gradient. With the plan offloading it, the step counts the
+# saves after its last block call again: the late positions go through the
+# store in a layer of their own, whose forward wait is the model's end (as the
+# last blocks' waits); the others are kept, and their unpack starts no reload,
+# so the late tensors come back when the head's backward unpacks them, after
+# the peak (on demand: the planner's reload right before head_backward). A
+# model whose head saves differ from step to step would be misnumbered; every
+# model of the tests, and T1, save the same sequence each step.
+class _HeadKept(_Kept):
+    """A tensor the profiling step saved after the last block (so far): kept as any tensor
+    outside the blocks, numbered so that its first unpack can be placed before or after
+    the gradient reaching the model's output (Note [The head's late tensors])."""
+
+    __slots__ = ("generation", "save")
+
+    def __init__(self, owner, tensor, generation: int, save: int):
+        super().__init__(owner, tensor, None)
+        self.generation, self.save = generation, save
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockChoice:
     """The plan for one block call of a step (calls in forward order)."""
@@ -222,15 +262,21 @@ class _CallPolicy:
 class EagerBudgetPlan:
     """What the planner chose for a BudgetedOffload, and what it forecasts.
 
-    choices: a BlockChoice per block call. budget_bytes: the budget in bytes
+    choices: a BlockChoice per block call. head: "offload" when the head's late
+    tensors go to host memory through the loss's backward (Note [The head's late
+    tensors]), "keep", or None (none). budget_bytes: the budget in bytes
     (a fraction resolved against the baseline's peak). calibration: the
     measured and simulated peaks of the profiling step and the offset
     between them (_budget_graph.calibration_offset). result: the planner's
     JSON answer as a dict. graph: the block graph planned on (a dict).
     """
 
-    def __init__(self, *, choices, budget_bytes, result, graph, options, calibration, profile):
+    def __init__(self, *, choices, budget_bytes, result, graph, options, calibration, profile,
+                 head=None):
         self.choices: list[BlockChoice] = choices
+        # The head's late tensors (Note [The head's late tensors]): "keep" | "offload";
+        # None where the graph planned on had none.
+        self.head: str | None = head
         self.budget_bytes: int = budget_bytes
         self.result: dict = result
         self.graph: dict = graph
@@ -286,6 +332,8 @@ class EagerBudgetPlan:
                              else f"+cheap {c.cheap}")
             key += "+input offload" if c.input == "offload" else ""
             mix[key] = mix.get(key, 0) + 1
+        if self.head == "offload":
+            mix["head offload"] = 1
         f = self.forecast()
         return (f"EagerBudgetPlan(budget={self.budget_bytes / 2**30:.2f} GiB, {mix}, "
                 f"prefetch {self.prefetch}, "
@@ -335,6 +383,25 @@ class _Recording:
         self.count_saved = True  # the first profiling step counts; later ones only time
         self.grads: tuple[list[int], int] = ([], 0)  # BudgetedOffload._new_grad_bytes at the start
         self.params: set = set()  # parameter and buffer storages (never counted as saved)
+        # Note [The head's late tensors]: the saves since the last block call ended (each a
+        # device storage's key and bytes, or None: a parameter, another device), which of
+        # them backward read before the gradient reached the model's output, and whether
+        # it has; `head_generation` counts block calls (saves between blocks start over).
+        self.head: list[tuple[object, int] | None] = []
+        self.head_early: set[int] = set()
+        self.head_generation = 0
+        self.output_grad_seen = False
+
+    def head_late(self) -> tuple[int, tuple[int, ...]]:
+        """(bytes, save positions) of the head's late storages: every save of the storage
+        first read after the gradient reached the model's output."""
+        early_keys = {self.head[i][0] for i in self.head_early if self.head[i] is not None}
+        late = {}
+        for i, entry in enumerate(self.head):
+            if entry is not None and entry[0] not in early_keys:
+                late.setdefault(entry[0], (entry[1], []))[1].append(i)
+        saves = sorted(i for _, positions in late.values() for i in positions)
+        return sum(n for n, _ in late.values()), tuple(saves)
 
     def profile(self, grads: tuple[list[int], int]) -> StepProfile:
         ms = self.clock.ms
@@ -350,6 +417,7 @@ class _Recording:
         last_bwd = self.marks[-1].get("bwd_start") if self.marks else None
         first_bwd = self.marks[0].get("bwd_end") if self.marks else None
         known = (lambda a, b: ms(a, b) if a is not None and b is not None else None)
+        late_bytes, late_saves = self.head_late() if self.output_grad_seen else (0, ())
         return StepProfile(
             calls=self.calls,
             pre_forward_ms=ms(self.model_start, first) if first is not None else 0.0,
@@ -362,7 +430,8 @@ class _Recording:
             other_new_grad_bytes=other, resident_bytes=self.resident_bytes,
             measured_peak_bytes=self.peak_bytes,
             segment_peak_bytes=tuple(self.segment_peaks) if len(self.segment_peaks) == 3
-            else None)
+            else None,
+            head_late_bytes=late_bytes, head_late_saves=late_saves)
 
 
 class BudgetedOffload(eager.OffloadActivations):
@@ -415,6 +484,13 @@ class BudgetedOffload(eager.OffloadActivations):
         self._packing_cheap = False
         self._recomputed = {"tensors_recomputed": 0, "bytes_recomputed": 0}
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
+        # Note [The head's late tensors]: the plan offloads them (from the profile: the
+        # positions of their saves after the last block); the head's layer of this step,
+        # and the saves counted in it so far.
+        self._head_offload = False
+        self._head_late: frozenset[int] = frozenset()
+        self._head_layer: _Layer | None = None
+        self._head_saves = 0
 
     # ---- context ------------------------------------------------------------
 
@@ -470,10 +546,13 @@ class BudgetedOffload(eager.OffloadActivations):
         if self._pass_mode == "plan":
             # The plan's waits that are due after the last block (its lag points past it:
             # the end of forward) run here and let the device copies go. Without this the
-            # store would keep them resident when backward starts.
+            # store would keep them resident when backward starts. The head's layer ends.
             with self._lock:
                 while self._pending:
                     self._finish_layer(self._pending.popleft(), keep_resident=False)
+                if self._head_layer is not None and self._current is self._head_layer:
+                    self._current = None
+                self._head_layer = None
         rec = self._recording
         if self._pass_mode == "profile" and rec is not None and rec.model_end is None:
             rec.model_end = self._clock.mark()
@@ -481,6 +560,8 @@ class BudgetedOffload(eager.OffloadActivations):
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(self._backward_begin_mark(rec))
+                    if t.numel() > 1:  # not a loss: its gradient comes after the loss's backward
+                        t.register_hook(self._output_grad_mark(rec))
 
     def _segment_peak(self, rec) -> None:
         """Ends one stretch of the profiling step (Note [Where the step peaks]): its peak
@@ -494,6 +575,26 @@ class BudgetedOffload(eager.OffloadActivations):
             if rec.backward_begin is None:
                 rec.backward_begin = self._clock.mark()
         return hook
+
+    @staticmethod
+    def _output_grad_mark(rec):
+        def hook(grad):
+            rec.output_grad_seen = True
+        return hook
+
+    def _on_layer_end(self, module, args, output):
+        super()._on_layer_end(module, args, output)
+        # Note [The head's late tensors]: after the plan's last block call, the saves up to
+        # the model's end go to a layer of their own, whose forward wait is the model's end.
+        if (self._head_offload and self._pass_mode == "plan" and self._depth == 0
+                and self._current is None and self._head_layer is None and self._outer is None
+                and not self._in_backward() and self._call_ordinal == len(self._policies)):
+            with self._lock:
+                layer = _Layer(self._next_layer, self._pass_id, True)
+                self._next_layer += 1
+                self._layers[layer.index] = layer
+                self._current = self._head_layer = layer
+                self._head_saves = 0
 
     def _start_recording(self) -> None:
         rec = _Recording(self._clock)
@@ -616,6 +717,9 @@ class BudgetedOffload(eager.OffloadActivations):
             self._recipes = None
 
     def _pack(self, t):
+        head = self._head_save(t)
+        if head is not None:
+            return head
         recipes = self._recipes
         if recipes is None or self._in_backward() or isinstance(t, nn.Parameter):
             return super()._pack(t)
@@ -641,7 +745,45 @@ class BudgetedOffload(eager.OffloadActivations):
     def _unpack(self, packed):
         if isinstance(packed, Recipe) and packed.owner is self:
             return packed.unpack(self._unpack)
+        if isinstance(packed, _HeadKept) and packed.owner is self:
+            rec = self._recording
+            if (rec is not None and packed.generation == rec.head_generation
+                    and not rec.output_grad_seen):
+                rec.head_early.add(packed.save)
         return super()._unpack(packed)
+
+    def _head_save(self, t):
+        """Note [The head's late tensors]: what a save after the last block call packs
+        to, or None where the store's usual way applies. Profiling: kept, numbered (its
+        first unpack tells early from late) and counted outside the blocks. Plan: a late
+        save goes through the store in the head's layer (None); any other is kept, its
+        unpack starting no reload (the loss's backward runs at the step's peak)."""
+        if self._in_backward():
+            return None
+        if self._pass_mode == "plan":
+            if self._head_layer is None or self._current is not self._head_layer:
+                return None
+            save, self._head_saves = self._head_saves, self._head_saves + 1
+            if save in self._head_late:
+                return None
+            with self._lock:
+                self._stats["tensors_seen"] += 1
+                self._stats["skipped"]["layer_not_selected"] += 1
+            return _Kept(self, t, None)
+        rec = self._recording
+        if (self._pass_mode != "profile" or rec is None or not rec.count_saved
+                or not rec.calls or rec.model_end is not None or self._current is not None
+                or self._outer is not None):
+            return None
+        key, nbytes = storage_key(t), t.untyped_storage().nbytes()
+        movable = (key is not None and key not in rec.params and t.device == self._device
+                   and 0 < nbytes and nbytes >= self._min_bytes)  # what the store would move
+        rec.head.append((key, nbytes) if movable else None)
+        self._count_outside(t)
+        with self._lock:
+            self._stats["tensors_seen"] += 1
+            self._stats["skipped"]["outside_scope"] += 1
+        return _HeadKept(self, t, rec.head_generation, len(rec.head) - 1)
 
     def _hook_prefetch(self, out) -> None:
         """Backward reaching this call's output starts the reloads of the `prefetch` calls
@@ -680,6 +822,8 @@ class BudgetedOffload(eager.OffloadActivations):
         rec, clock = self._recording, self._clock
         index = self._position[id(module)]
         call = BlockCall(block=index, path=self._blocks[index][0])
+        rec.head, rec.head_early = [], set()  # saves after a block: after this one only
+        rec.head_generation += 1
         marks: dict = {}
         rec.calls.append(call)
         rec.marks.append(marks)
@@ -854,30 +998,53 @@ class BudgetedOffload(eager.OffloadActivations):
         device = str(self._device)
         for call in measured.calls:
             call.cheap_ms = rebuild_ms(self._simulate, *call.cheap_traffic, device)
-        offset, transients, calibration = calibrate(self._simulate, measured, device)
         # This step's state: the optimizer's and the grads' storages that now exist.
         now = dataclasses.replace(measured, calls=[dataclasses.replace(c) for c in measured.calls])
         per_call, other = self._grads_per_call(now.calls, self._new_grad_bytes())
         for call, nbytes in zip(now.calls, per_call):
             call.new_grad_bytes = nbytes
         now.other_new_grad_bytes = other
-        resident = (torch.cuda.memory_allocated(self._device) if self._clock.cuda
-                    else self._host_resident_bytes())
-        resident, offset_bytes = placeholder_bytes(resident, offset)
-        graph = block_graph(now, resident_bytes=resident, offset_bytes=offset_bytes,
-                            device=device, transients=transients)
-        text = json.dumps(graph)
-        budget = self._budget_bytes
-        if budget is None:
-            baseline = self._simulate(text)["peak_bytes"]
-            budget = max(1, int(self._budget_fraction * baseline))
+        allocated = (torch.cuda.memory_allocated(self._device) if self._clock.cuda
+                     else self._host_resident_bytes())
+        # The graph with the head's late tensors as a candidate of their own, and without
+        # (Note [The head's late tensors]): the greedy search does not always find the
+        # plan of the second in the first; the fastest plan of either wins.
+        # (Each calibrated on the profiling step as it ran, its .grad storages included.)
+        variants = [(measured, now)]
+        if now.head_late_bytes > 0:
+            flat = dict(head_late_bytes=0, head_late_saves=())
+            variants.append((dataclasses.replace(measured, **flat),
+                             dataclasses.replace(now, **flat)))
+        budget, best, error = self._budget_bytes, None, None
         inputs = max((c.output_bytes for c in now.calls), default=0)
-        options, result = self._fastest_plan(text, budget, inputs)
+        for profiled, profile in variants:
+            offset, transients, calibration = calibrate(self._simulate, profiled, device)
+            resident, offset_bytes = placeholder_bytes(allocated, offset)
+            graph = block_graph(profile, resident_bytes=resident, offset_bytes=offset_bytes,
+                                device=device, transients=transients)
+            text = json.dumps(graph)
+            if budget is None:
+                baseline = self._simulate(text)["peak_bytes"]
+                budget = max(1, int(self._budget_fraction * baseline))
+            try:
+                options, result = self._fastest_plan(text, budget, inputs)
+            except MemoryError as e:
+                # The first graph's reaches the lowest peak. No traceback: see _fastest_plan.
+                error = error or e.with_traceback(None)
+                continue
+            if best is None or result["forecast"]["step_ms"] < best[1]["forecast"]["step_ms"]:
+                best = (options, result, graph, calibration, profile)
+        if best is None:
+            raise error
+        options, result, graph, calibration, profile = best
         self._prefetch = options["prefetch_regions"]
-        self._policies, choices = self._policies_of(result, now)
+        self._policies, choices = self._policies_of(result, profile)
+        head = self._head_of(result)
+        self._head_offload = head == "offload"
+        self._head_late = frozenset(profile.head_late_saves)
         self.plan = EagerBudgetPlan(choices=choices, budget_bytes=budget, result=result,
                                     graph=graph, options=options, calibration=calibration,
-                                    profile=now)
+                                    profile=profile, head=head)
 
     def _measured_profile(self) -> StepProfile:
         """The profiling steps as one StepProfile: bytes, peak and resident memory from
@@ -903,7 +1070,11 @@ class BudgetedOffload(eager.OffloadActivations):
         n = len(profile.calls)
         saved, output, cheap = ["keep"] * n, ["keep"] * n, [None] * n
         saved_lag, output_lag, cheap_lag = [None] * n, [None] * n, [None] * n
+        first_input, first_input_lag = "keep", None  # X_-1, block 0's input
         for choice in result["choices"]:
+            if choice["name"] == "pre_output":
+                first_input, first_input_lag = choice["decision"], choice.get("release_lag")
+                continue
             m = re.fullmatch(r"b(\d+)_(forward|output|cheap)", choice["name"])
             if m is None:
                 continue
@@ -914,7 +1085,8 @@ class BudgetedOffload(eager.OffloadActivations):
             lags[k] = choice.get("release_lag")
         policies, choices = [], []
         for k, call in enumerate(profile.calls):
-            input_decision = output[k - 1] if k > 0 else "keep"
+            input_decision = output[k - 1] if k > 0 else first_input
+            input_lag = output_lag[k - 1] if k > 0 else first_input_lag
             # The planner's lag P waits before region k + P: at the end of call k + P - 1,
             # eager lag P - 1, for S_k and for X_k-1 alike (the graph gives X_k-1 block
             # k's stack: region k). A call has one lag: the larger of its two (a block's
@@ -927,8 +1099,8 @@ class BudgetedOffload(eager.OffloadActivations):
                 lags.append(max(0, cheap_lag[k] - 1))
             # A block whose rebuildable tensors go their own way runs under a Recorder.
             apart = cheap[k] is not None and cheap[k] != saved[k] and saved[k] != "recompute"
-            if input_decision == "offload" and k > 0 and output_lag[k - 1] is not None:
-                lags.append(max(0, output_lag[k - 1] - 1))
+            if input_decision == "offload" and input_lag is not None:
+                lags.append(max(0, input_lag - 1))
             lag = max(lags) if lags else None
             policies.append(_CallPolicy(checkpoint=saved[k] == "recompute",
                                         offload_saved=saved[k] == "offload",
@@ -943,6 +1115,12 @@ class BudgetedOffload(eager.OffloadActivations):
                                        cheap=cheap[k] or saved[k],
                                        cheap_bytes=call.cheap_bytes))
         return policies, choices
+
+    @staticmethod
+    def _head_of(result: dict) -> str | None:
+        """The plan's decision for the head's late tensors; None: the graph had none."""
+        return next((c["decision"] for c in result["choices"] if c["name"] == "head_saved"),
+                    None)
 
     def _release_lag(self, layer) -> int:
         policy = self._layer_policy.get(layer.index)
