@@ -3,7 +3,7 @@
 spillway budget series a line (README's picture).
 
     python3 bench/torch/plot_t1_curves.py --out docs/t1-curves.svg \
-        --eager bench/results/2026-12-02-t1-eager-budget-v7-h200.json \
+        --eager bench/results/2026-12-02-t1-eager-budget-v8-h200.json \
         --compiled bench/results/2026-12-02-t1-compiled-v10a-h200.json \
         --compiled bench/results/2026-12-02-t1-compiled-v10b-h200.json
 

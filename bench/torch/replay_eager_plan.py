@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes a GPU run's eager budget plans again on this machine (no GPU needed).
 
-    python3 bench/torch/replay_eager_plan.py bench/results/2026-12-02-t1-eager-budget-v7-h200.json
+    python3 bench/torch/replay_eager_plan.py bench/results/2026-12-02-t1-eager-budget-v8-h200.json
     python3 bench/torch/replay_eager_plan.py RUN.json --method 7.1GiB --activation-gib 6.5 6.0
     python3 bench/torch/replay_eager_plan.py RUN.json --method 24.6GiB --around-peak
 
