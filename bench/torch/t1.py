@@ -657,13 +657,22 @@ def run_one(spec: str, args) -> dict:
         peak = torch.cuda.max_memory_allocated() if cuda else 0
         return dt, start_alloc, peak, float(loss.detach().float())
 
+    # The pinned host allocations each step made (a spillway method's pool grows where
+    # a step holds more host bytes than any before: cudaHostAlloc in the step's time).
+    pinned = (lambda: _pool_bytes(device).get("pinned_allocations", 0)
+              if name.startswith("spillway") else 0)
     t_build = time.perf_counter()
+    warm_allocs = []
     for _ in range(args.warmup):
+        before = pinned()
         one_step()
+        warm_allocs.append(pinned() - before)
     warm_s = time.perf_counter() - t_build
-    times, above, peaks, losses = [], [], [], []
+    times, above, peaks, losses, allocs = [], [], [], [], []
     for _ in range(args.steps):
+        before = pinned()
         dt, start_alloc, peak, loss = one_step()
+        allocs.append(pinned() - before)
         times.append(dt)
         above.append(peak - start_alloc)
         peaks.append(peak)
@@ -677,6 +686,8 @@ def run_one(spec: str, args) -> dict:
         peak_allocated_gib=max(peaks) / GIB if cuda else None,
         weights_and_grads_gib=(torch.cuda.memory_allocated() / GIB) if cuda else None,
         loss_first=losses[0], method_stats=stats())
+    if name.startswith("spillway"):
+        result["pinned_allocations_per_step"] = {"warmup": warm_allocs, "measured": allocs}
     if args.profile and cuda:
         result["profile"] = _profile_step(one_step, args.profile, spec)
     if args.fp32_error:
