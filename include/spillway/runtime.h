@@ -103,6 +103,17 @@ struct PinnedPoolOptions {
   int numa_node = -1;
 };
 
+// How offload() sizes the pinned block of a host copy.
+enum class HostFit {
+  // The pool's size class (Note [Pinned pool reuse] in src/runtime/pinned_pool.h):
+  // up to 1/2^class_bits larger than the copy, parked for reuse when released.
+  kSizeClass,
+  // The copy's bytes rounded up to a page, freed (not parked) once released and
+  // its streams have passed: for long-lived copies such as weights, whose pinned
+  // bytes must match their size.
+  kExact,
+};
+
 // Copy-engine options.
 struct CopyEngineOptions {
   // Transfers larger than this are split into chunks of this size so a later,
@@ -236,10 +247,11 @@ class Runtime {
   DeviceValue allocate(std::size_t bytes, StreamHandle compute = {});
 
   // Starts the D2H copy of `storage` after `compute`'s current point. The
-  // storage becomes kOffloading. Throws StateError (not kResident), OutOfMemory
-  // (no pinned block; storage unchanged), TransferError (enqueue failed;
-  // storage unchanged).
-  HostHandle offload(StorageId storage, StreamHandle compute = {});
+  // storage becomes kOffloading; `fit` sizes its pinned block. Throws
+  // StateError (not kResident), OutOfMemory (no pinned block; storage
+  // unchanged), TransferError (enqueue failed; storage unchanged).
+  HostHandle offload(StorageId storage, StreamHandle compute = {},
+                     HostFit fit = HostFit::kSizeClass);
   // Forward wait: `compute` waits for the D2H, then the device storage of
   // `keepalive` (== handle.source) is released on `compute` and becomes
   // kOnHost. Throws StateError when no D2H is in flight, InvalidArgument when
@@ -275,6 +287,9 @@ class Runtime {
   void synchronize();
 
   PinnedPoolStats pool_stats() const;
+  // Frees the pool's cached blocks, and its released exact blocks, whose copies
+  // have completed (what is in use stays). Never throws.
+  void trim_pool() noexcept;
   CopyEngineStats copy_stats() const;
   // The fake backend's hooks; nullptr on the CUDA backend.
   FakeControls* fake_controls();

@@ -2,6 +2,9 @@
 // with the semantics of the runtime's residency manager:
 //
 //   host = spillway::offload(x)                 D2H of x after the compute stream's current point
+//                                               (exact=True: a pinned block of x's size rounded
+//                                               to a page, for long-lived copies; Note [Exact
+//                                               blocks] in src/runtime/pinned_pool.h)
 //   host = spillway::wait_tensor(host, x)       compute waits for the D2H; the runtime's
 //                                               reference to x's storage is dropped
 //   y    = spillway::reload(host, x.device)     y allocated on the compute stream, H2D on the copy stream
@@ -116,7 +119,7 @@ ReleaseFn hold(c10::Storage storage) {
   };
 }
 
-at::Tensor offload(const at::Tensor& t) {
+at::Tensor offload(const at::Tensor& t, bool exact) {
   TORCH_CHECK_VALUE(t.defined(), "[ops] offload of an undefined tensor");
   TORCH_CHECK_VALUE(t.is_contiguous(), "[ops] offload of a non-contiguous tensor (",
                     shape_of(t),
@@ -130,7 +133,8 @@ at::Tensor offload(const at::Tensor& t) {
 #endif
   return translate_errors([&] {
     HostHandle handle = TransferTable::instance().start_offload(
-        device, t.data_ptr(), t.nbytes(), hold(t.storage()), compute_stream(device));
+        device, t.data_ptr(), t.nbytes(), hold(t.storage()), compute_stream(device),
+        exact ? HostFit::kExact : HostFit::kSizeClass);
     return at::from_blob(
         handle.data, t.sizes(),
         [device](void* data) { TransferTable::instance().drop_host(device, data); },
@@ -200,7 +204,7 @@ const bool kTorchAllocatorInstalled =
 TORCH_LIBRARY(spillway, m) {
   m.set_python_module("spillway.ops");
   // Note [Ops schemas].
-  m.def("offload(Tensor t) -> Tensor", {at::Tag::needs_contiguous_strides});
+  m.def("offload(Tensor t, bool exact=False) -> Tensor", {at::Tag::needs_contiguous_strides});
   m.def("reload(Tensor host, Device device) -> Tensor", {at::Tag::needs_contiguous_strides});
   m.def("wait_tensor(Tensor(a) t, Tensor? keepalive=None, Tensor? last_use=None) -> Tensor(a)",
         {at::Tag::flexible_layout});

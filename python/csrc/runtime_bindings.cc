@@ -80,10 +80,18 @@ void init_runtime(py::module_& m) {
         d["requests"] = s.requests;
         d["reuses"] = s.reuses;
         d["pinned_allocations"] = s.pinned_allocations;
+        d["pinned_frees"] = s.pinned_frees;
         return d;
       },
       py::arg("device"),
       "Pinned-pool counters of the runtime serving `device` (zeros before its first op).");
+  m.def(
+      "trim_pool", [](const std::string& device) {
+        TransferTable::instance().trim_pool(parse_device(device));
+      },
+      py::arg("device"),
+      "Frees the pinned blocks the pool of `device`'s runtime caches (and released exact "
+      "blocks) whose copies have completed.");
   m.def(
       "set_fake_copy_delay",
       [](int min_us, int max_us, std::uint64_t seed) {
@@ -94,6 +102,15 @@ void init_runtime(py::module_& m) {
       py::arg("min_us"), py::arg("max_us"), py::arg("seed") = 0,
       "Test hook of the CPU path: before each copy task, the fake backend's copy streams "
       "sleep a random time in [min_us, max_us] (0, 0: no delay), to expose missing waits.");
+  m.def(
+      "fail_next_fake_pinned_allocations",
+      [](int n) {
+        TransferTable::instance().runtime(DeviceKey{false, 0}).fake_controls()
+            ->fail_next_pinned_allocations(n);
+      },
+      py::arg("n"),
+      "Test hook of the CPU path: the fake backend's next `n` pinned allocations fail "
+      "(OutOfMemory), as exhausted pinned memory would.");
   m.def(
       "cuda_built",
       [] {

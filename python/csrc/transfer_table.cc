@@ -64,12 +64,12 @@ Runtime* TransferTable::find_runtime(DeviceKey device) const {
 }
 
 HostHandle TransferTable::start_offload(DeviceKey device, void* data, std::size_t bytes,
-                                        ReleaseFn keep, StreamHandle compute) {
+                                        ReleaseFn keep, StreamHandle compute, HostFit fit) {
   Runtime& rt = runtime(device);
   StorageId source = rt.adopt(data, bytes, std::move(keep));
   HostHandle handle;
   try {
-    handle = rt.offload(source, compute);
+    handle = rt.offload(source, compute, fit);
   } catch (...) {
     rt.release(source, compute);  // kResident: calls `keep`, nothing else to undo
     throw;
@@ -201,6 +201,10 @@ void TransferTable::synchronize() {
 std::size_t TransferTable::pending_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return pending_.size();
+}
+
+void TransferTable::trim_pool(DeviceKey device) {
+  if (Runtime* rt = find_runtime(device)) rt->trim_pool();
 }
 
 PinnedPoolStats TransferTable::pool_stats(DeviceKey device) const {

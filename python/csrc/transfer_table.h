@@ -62,10 +62,11 @@ class TransferTable {
   // Starts the D2H copy of `bytes` at `data` after `compute`'s current point.
   // `keep` holds the source storage until the forward wait releases it (the
   // runtime calls it once). Returns the host copy; its wait is pending under
-  // handle.data. Throws OutOfMemory (no pinned block) or TransferError; then
-  // nothing is pending and `keep` has been called.
+  // handle.data. `fit` sizes the pinned block (HostFit::kExact: a long-lived
+  // copy, such as a block's weights). Throws OutOfMemory (no pinned block) or
+  // TransferError; then nothing is pending and `keep` has been called.
   HostHandle start_offload(DeviceKey device, void* data, std::size_t bytes, ReleaseFn keep,
-                           StreamHandle compute);
+                           StreamHandle compute, HostFit fit = HostFit::kSizeClass);
 
   // Starts the H2D copy of the host copy at `host_data` (made by
   // start_offload, `bytes` long) into `dst` on `device`, after `compute`'s
@@ -98,6 +99,8 @@ class TransferTable {
   std::size_t pending_count() const;
   // Runtime statistics of `device` (zeros if never used).
   PinnedPoolStats pool_stats(DeviceKey device) const;
+  // Runtime::trim_pool of `device`'s runtime, if it exists.
+  void trim_pool(DeviceKey device);
   CopyEngineStats copy_stats(DeviceKey device) const;
 
  private:

@@ -17,7 +17,8 @@ them on worker threads, so the same code path runs without a GPU. Tensors of
 zero bytes move nothing; their wait is a no-op.
 
 Schemas (see Note [Ops schemas] in python/csrc/offload_ops.cc):
-    offload(Tensor t) -> Tensor
+    offload(Tensor t, bool exact=False) -> Tensor   (exact: a pinned block of t's size
+                                                     rounded to a page, for long-lived copies)
     reload(Tensor host, Device device) -> Tensor
     wait_tensor(Tensor(a) t, Tensor? keepalive=None, Tensor? last_use=None) -> Tensor(a)
 
@@ -45,7 +46,7 @@ _lib = torch.library.Library("spillway", "FRAGMENT")
 
 
 @torch.library.register_fake("spillway::offload", lib=_lib)
-def _offload_fake(t: torch.Tensor) -> torch.Tensor:
+def _offload_fake(t: torch.Tensor, exact: bool = False) -> torch.Tensor:
     return t.new_empty(t.shape, device="cpu")
 
 
@@ -89,9 +90,11 @@ _lib.impl("wait_tensor", _wait_tensor_functionalize, "Functionalize")
 has_side_effect(torch.ops.spillway.wait_tensor.default)
 
 
-def offload(t: torch.Tensor) -> torch.Tensor:
-    """Starts copying contiguous `t` (cpu or cuda) into a host tensor; pair with wait_tensor."""
-    return torch.ops.spillway.offload.default(t)
+def offload(t: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    """Starts copying contiguous `t` (cpu or cuda) into a host tensor; pair with wait_tensor.
+    exact: its pinned block is t's size rounded to a page, freed when the host tensor is
+    (for long-lived copies); otherwise a reusable size class up to 1/16 larger."""
+    return torch.ops.spillway.offload.default(t, exact)
 
 
 def reload(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:

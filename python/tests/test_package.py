@@ -36,3 +36,10 @@ def test_public_entry_points_are_the_activation_paths():
                 "from spillway.activations import compiled, eager\n"
                 "print(spillway.offload_activations is eager.offload_activations,\n"
                 "      spillway.compile is compiled.compile)") == "True True"
+
+
+def test_the_weight_path_is_public_and_loads_lazily():
+    assert _run("import sys, spillway, spillway.weights\n"
+                "print(sorted(m for m in sys.modules if m == 'torch'))\n"
+                "from spillway.weights import layerwise\n"
+                "print(spillway.offload_weights is layerwise.offload_weights)") == "[]\nTrue"

@@ -37,6 +37,7 @@ PinnedPool::PinnedPool(Backend& backend, const PinnedPoolOptions& options)
 }
 
 PinnedPool::~PinnedPool() {
+  free_retired(/*wait=*/true);
   std::map<std::size_t, std::deque<Parked>> parked;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -79,6 +80,16 @@ bool PinnedPool::make_room(std::size_t need, std::size_t keep_class) {
   if (options_.host_budget_bytes == 0) return true;
   for (;;) {
     Parked victim;
+    bool retired = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stats_.bytes_pinned + need <= options_.host_budget_bytes) return true;
+      retired = !retired_.empty();
+    }
+    if (retired) {  // released exact blocks go first: nobody will ask for them again
+      free_retired(/*wait=*/true);
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stats_.bytes_pinned + need <= options_.host_budget_bytes) return true;
@@ -103,8 +114,11 @@ bool PinnedPool::make_room(std::size_t need, std::size_t keep_class) {
   }
 }
 
-PinnedBlock PinnedPool::allocate(std::size_t bytes) {
-  const std::size_t cls = pinned_class_size(bytes, options_.class_bits);
+PinnedBlock PinnedPool::allocate(std::size_t bytes, HostFit fit) {
+  const bool exact = fit == HostFit::kExact;
+  const std::size_t cls =
+      exact ? round_up(std::max<std::size_t>(bytes, 1), kPage) : pinned_class_size(bytes, options_.class_bits);
+  free_retired(/*wait=*/false);
   Parked candidate;
   bool have_candidate = false;
   {
@@ -130,7 +144,7 @@ PinnedBlock PinnedPool::allocate(std::size_t bytes) {
     stats_.bytes_requested += bytes;
     stats_.peak_bytes_live = std::max(stats_.peak_bytes_live, stats_.bytes_live);
     stats_.peak_bytes_requested = std::max(stats_.peak_bytes_requested, stats_.bytes_requested);
-    return PinnedBlock{data, cls, bytes};
+    return PinnedBlock{data, cls, bytes, exact};
   }
 
   if (options_.host_budget_bytes != 0 && cls > options_.host_budget_bytes) {
@@ -176,7 +190,7 @@ PinnedBlock PinnedPool::allocate(std::size_t bytes) {
   stats_.peak_bytes_live = std::max(stats_.peak_bytes_live, stats_.bytes_live);
   stats_.peak_bytes_requested = std::max(stats_.peak_bytes_requested, stats_.bytes_requested);
   stats_.peak_bytes_pinned = std::max(stats_.peak_bytes_pinned, stats_.bytes_pinned);
-  return PinnedBlock{data, cls, bytes};
+  return PinnedBlock{data, cls, bytes, exact};
 }
 
 void PinnedPool::release(PinnedBlock block, const std::vector<Stream*>& used_on) noexcept {
@@ -202,13 +216,45 @@ void PinnedPool::release(PinnedBlock block, const std::vector<Stream*>& used_on)
       }
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_live -= block.bytes;
+    stats_.bytes_requested -= block.requested;
+    if (!block.exact) {
+      parked_[block.bytes].push_back(std::move(parked));
+      return;
+    }
+    retired_.push_back(std::move(parked));  // Note [Exact blocks]
+  }
+  free_retired(/*wait=*/false);
+}
+
+void PinnedPool::free_retired(bool wait) {
+  std::vector<Parked> candidates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (retired_.empty()) return;
+    candidates.swap(retired_);
+  }
+  std::vector<Parked> busy;
+  for (Parked& block : candidates) {
+    if (wait) await(block);
+    if (!wait && !ready(block)) {
+      busy.push_back(std::move(block));
+      continue;
+    }
+    backend_.free_pinned(block.data, block.bytes);
+    recycle(std::move(block.events));
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_pinned -= block.bytes;
+    stats_.pinned_frees++;
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_live -= block.bytes;
-  stats_.bytes_requested -= block.requested;
-  parked_[block.bytes].push_back(std::move(parked));
+  for (Parked& block : busy) retired_.push_back(std::move(block));
 }
 
 void PinnedPool::trim() {
+  free_retired(/*wait=*/false);
   std::vector<Parked> candidates;
   {
     std::lock_guard<std::mutex> lock(mu_);

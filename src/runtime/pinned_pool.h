@@ -30,6 +30,16 @@
 // (oldest first, after their events); if that is not enough the request fails
 // with OutOfMemory and nothing changes.
 //
+// Note [Exact blocks]
+// ~~~~~~~~~~~~~~~~~~
+// A long-lived host copy (a block's weights, kept until the model is detached)
+// gains nothing from size classes: it is never released step after step, and
+// its class would pin up to 1/2^class_bits more than it holds. HostFit::kExact
+// pins the request rounded up to a page (at most 4095 bytes more) and, when
+// released, frees the block once the streams that used it have passed,
+// instead of parking it: a class of its own would hardly ever be asked for
+// again. Such blocks count in the statistics as any other and obey the budget.
+//
 // Locking. mu_ guards the free lists and statistics. The backend (event
 // record/query/synchronize, pinned allocate/free) is never called with mu_
 // held: a block being checked or allocated is taken out of the lists first and
@@ -56,8 +66,9 @@ std::size_t pinned_class_size(std::size_t bytes, int class_bits);
 // A pinned block handed out by the pool. Owned by the caller until release().
 struct PinnedBlock {
   void* data = nullptr;
-  std::size_t bytes = 0;      // the class size
+  std::size_t bytes = 0;      // the class size (HostFit::kExact: requested rounded to a page)
   std::size_t requested = 0;  // what the caller asked for
+  bool exact = false;         // HostFit::kExact: freed, not parked, when released
 };
 
 class PinnedPool {
@@ -72,14 +83,18 @@ class PinnedPool {
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
-  // A block of at least `bytes`. Throws OutOfMemory when the budget or the
-  // backend refuses; the pool is then unchanged except for the refusal count.
-  PinnedBlock allocate(std::size_t bytes);
-  // Returns `block`; it is reused after every stream in `used_on` has passed
-  // the point it has reached now. Never throws (on a backend failure while
-  // recording, the block is waited for at reuse by synchronising its streams).
+  // A block of at least `bytes`: its size class, or with HostFit::kExact
+  // `bytes` rounded up to a page (Note [Exact blocks]). Throws OutOfMemory
+  // when the budget or the backend refuses; the pool is then unchanged except
+  // for the refusal count.
+  PinnedBlock allocate(std::size_t bytes, HostFit fit = HostFit::kSizeClass);
+  // Returns `block`; it is reused (an exact block: freed) after every stream
+  // in `used_on` has passed the point it has reached now. Never throws (on a
+  // backend failure while recording, the block is waited for at reuse by
+  // synchronising its streams).
   void release(PinnedBlock block, const std::vector<Stream*>& used_on) noexcept;
-  // Frees every parked block whose uses have completed.
+  // Frees every parked block whose uses have completed, and every released
+  // exact block whose uses have.
   void trim();
 
   PinnedPoolStats stats() const;
@@ -99,6 +114,9 @@ class PinnedPool {
   // Frees parked blocks of classes other than `keep_class` until `need` more
   // bytes fit the budget; returns whether they do.
   bool make_room(std::size_t need, std::size_t keep_class);
+  // Frees the released exact blocks whose uses have completed (all of them,
+  // waiting, when `wait`).
+  void free_retired(bool wait);
 
   Backend& backend_;
   const PinnedPoolOptions options_;
@@ -106,6 +124,7 @@ class PinnedPool {
 
   mutable std::mutex mu_;
   std::map<std::size_t, std::deque<Parked>> parked_ GUARDED_BY(mu_);
+  std::vector<Parked> retired_ GUARDED_BY(mu_);  // released exact blocks, not yet freed
   std::vector<std::unique_ptr<Event>> spare_events_ GUARDED_BY(mu_);
   PinnedPoolStats stats_ GUARDED_BY(mu_);
 };

@@ -124,6 +124,50 @@ TEST_F(PinnedPoolTest, PinnedAllocationFailureIsOutOfMemoryAndChangesNothing) {
   pool.release(b, {});
 }
 
+TEST_F(PinnedPoolTest, AnExactBlockPinsItsPageRoundedSizeAndIsFreedOnceItsStreamPassed) {
+  // Note [Exact blocks]: 17 MiB + 1 would take the 18 MiB class; exact pins a page more.
+  PinnedPool pool(*backend_, {});
+  const std::size_t bytes = 17 * kMiB + 1;
+  PinnedBlock block = pool.allocate(bytes, HostFit::kExact);
+  EXPECT_TRUE(block.exact);
+  EXPECT_EQ(block.bytes, 17 * kMiB + 4096);
+  EXPECT_EQ(pool.stats().bytes_pinned, 17 * kMiB + 4096);
+  EXPECT_EQ(pinned_class_size(bytes, 4), 18 * kMiB);
+  // Released while a slow copy still reads it: not freed until the stream passed.
+  auto stream = backend_->create_stream(FakeControls::Role::kH2D);
+  std::vector<char> device(bytes);
+  fake_.set_delay(FakeControls::Role::kH2D, 20000, 20000, 1);
+  backend_->copy(device.data(), block.data, bytes, CopyKind::kHostToDevice, *stream);
+  pool.release(block, {stream.get()});
+  EXPECT_EQ(pool.stats().bytes_live, 0u);
+  backend_->synchronize(*stream);
+  pool.trim();
+  PinnedPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.bytes_pinned, 0u);
+  EXPECT_EQ(stats.pinned_frees, 1u);
+  // Never parked: the same size again pins anew.
+  PinnedBlock again = pool.allocate(bytes, HostFit::kExact);
+  EXPECT_EQ(pool.stats().pinned_allocations, 2u);
+  EXPECT_EQ(pool.stats().reuses, 0u);
+  pool.release(again, {});
+  EXPECT_EQ(pool.stats().bytes_pinned, 0u);  // no stream used it: freed at once
+}
+
+TEST_F(PinnedPoolTest, ReleasedExactBlocksStillInUseAreAwaitedToFitTheBudget) {
+  PinnedPool pool(*backend_, PinnedPoolOptions{.host_budget_bytes = 1 * kMiB});
+  PinnedBlock a = pool.allocate(700 * kKiB, HostFit::kExact);
+  auto stream = backend_->create_stream(FakeControls::Role::kH2D);
+  std::vector<char> device(700 * kKiB);
+  fake_.set_delay(FakeControls::Role::kH2D, 20000, 20000, 1);
+  backend_->copy(device.data(), a.data, device.size(), CopyKind::kHostToDevice, *stream);
+  pool.release(a, {stream.get()});
+  PinnedBlock b = pool.allocate(700 * kKiB, HostFit::kExact);  // waits for a's copy, frees a
+  PinnedPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.bytes_pinned, 700 * kKiB);
+  EXPECT_EQ(stats.pinned_frees, 1u);
+  pool.release(b, {});
+}
+
 TEST(PinnedPoolOptionsTest, OutOfRangeOptionsAreRejected) {
   auto backend = make_fake_backend({});
   EXPECT_THROW(PinnedPool(*backend, PinnedPoolOptions{.class_bits = 11}), InvalidArgument);

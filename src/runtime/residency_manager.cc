@@ -118,7 +118,7 @@ DeviceValue ResidencyManager::allocate(std::size_t bytes, StreamHandle compute) 
   return DeviceValue{id, data, bytes};
 }
 
-HostHandle ResidencyManager::offload(StorageId storage, StreamHandle compute) {
+HostHandle ResidencyManager::offload(StorageId storage, StreamHandle compute, HostFit fit) {
   std::shared_ptr<Record> record;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -135,7 +135,7 @@ HostHandle ResidencyManager::offload(StorageId storage, StreamHandle compute) {
   }
   PinnedBlock block;
   try {
-    block = pool_.allocate(record->bytes);
+    block = pool_.allocate(record->bytes, fit);
     auto stream = compute_stream(compute);
     std::shared_ptr<Event> after = backend_.create_event();
     backend_.record(*after, *stream);  // the compute stream's current point

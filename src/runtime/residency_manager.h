@@ -41,7 +41,7 @@ class ResidencyManager {
 
   StorageId adopt(void* data, std::size_t bytes, ReleaseFn release);
   DeviceValue allocate(std::size_t bytes, StreamHandle compute);
-  HostHandle offload(StorageId storage, StreamHandle compute);
+  HostHandle offload(StorageId storage, StreamHandle compute, HostFit fit = HostFit::kSizeClass);
   void wait_offload(const HostHandle& handle, StorageId keepalive, StreamHandle compute);
   DeviceValue reload(const HostHandle& handle, void* dst, ReleaseFn release, int priority,
                      StreamHandle compute);

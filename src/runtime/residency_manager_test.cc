@@ -103,6 +103,28 @@ TEST_F(Residency, AHostCopyCanBeReloadedTwice) {  // retain_graph / double backw
   EXPECT_EQ(check(b, 2), 0u);
 }
 
+TEST_F(Residency, AnExactHostCopyIsReloadedManyTimesAndFreedWhenDropped) {
+  // Weights (Note [Exact blocks]): pinned at the copy's size rounded to a page, not its
+  // size class, reloaded once per use, given back to the OS once dropped.
+  const std::size_t bytes = 17 * kMiB + 1;
+  DeviceValue v = produce(bytes, 3);
+  HostHandle h = rt_.offload(v.storage, compute_, HostFit::kExact);
+  rt_.wait_offload(h, v.storage, compute_);
+  EXPECT_EQ(rt_.pool_stats().bytes_pinned, 17 * kMiB + 4096);
+  for (int use = 0; use < 3; ++use) {
+    DeviceValue r = rt_.reload(h, 0, compute_);
+    rt_.wait_reload(r.storage, compute_);
+    EXPECT_EQ(check(r, 3), 0u) << use;
+    rt_.release(r.storage, compute_);
+  }
+  rt_.release_host(h);
+  rt_.synchronize();
+  rt_.trim_pool();
+  PinnedPoolStats pool = rt_.pool_stats();
+  EXPECT_EQ(pool.bytes_pinned, 0u);
+  EXPECT_EQ(pool.pinned_frees, 1u);
+}
+
 TEST_F(Residency, ReloadBeforeTheForwardWaitStillSeesEveryByte) {
   fake_->set_delay(FakeControls::Role::kD2H, 1000, 2000, 4);
   DeviceValue v = produce(2 * kMiB, 3);

@@ -51,8 +51,8 @@ StorageId Runtime::adopt(void* data, std::size_t bytes, ReleaseFn release) {
 DeviceValue Runtime::allocate(std::size_t bytes, StreamHandle compute) {
   return impl_->residency_.allocate(bytes, compute);
 }
-HostHandle Runtime::offload(StorageId storage, StreamHandle compute) {
-  return impl_->residency_.offload(storage, compute);
+HostHandle Runtime::offload(StorageId storage, StreamHandle compute, HostFit fit) {
+  return impl_->residency_.offload(storage, compute, fit);
 }
 void Runtime::wait_offload(const HostHandle& handle, StorageId keepalive, StreamHandle compute) {
   impl_->residency_.wait_offload(handle, keepalive, compute);
@@ -75,6 +75,12 @@ void Runtime::release_host(const HostHandle& handle) { impl_->residency_.release
 StorageState Runtime::state(StorageId storage) const { return impl_->residency_.state(storage); }
 void Runtime::synchronize() { impl_->residency_.synchronize(); }
 PinnedPoolStats Runtime::pool_stats() const { return impl_->pool_.stats(); }
+void Runtime::trim_pool() noexcept {
+  try {
+    impl_->pool_.trim();
+  } catch (...) {  // a backend failure while freeing: the blocks stay cached
+  }
+}
 CopyEngineStats Runtime::copy_stats() const { return impl_->engine_.stats(); }
 FakeControls* Runtime::fake_controls() { return impl_->backend_->fake_controls(); }
 bool Runtime::cuda_available() { return runtime::cuda_backend_built(); }

@@ -1,0 +1,506 @@
+"""Layer-wise weight offload (seed 002's behaviour): offload_weights().
+
+    handle = spillway.offload_weights(model)          # blocks: the largest nn.ModuleList
+    with torch.inference_mode():
+        out = model(x)                                # each block's weights come and go
+    with handle.mutate_weights():                     # every weight on the device, editable
+        merge_lora(model)
+    handle.detach()                                   # an ordinary resident model again
+
+Note [Layer-wise weights]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+Each block (an entry of the model's largest nn.ModuleList, or of the one named
+by `blocks`) gets one host slab: its parameters laid end to end, each at a
+256-byte aligned offset, copied to pinned host memory once by
+spillway::offload (the runtime's copy engine and pinned pool). On the device
+each of those parameters is a placeholder of its dtype and rank with no
+elements, so module code, named_parameters() and state_dict keys keep working.
+Everything outside the blocks (embeddings, head, norms, the blocks' buffers, a
+parameter two blocks share) moves to the device and stays.
+
+Before a block runs (a forward pre-hook) the compute stream waits for that
+block's slab, reloaded by spillway::reload into one device buffer (one H2D per
+block, on the runtime's copy stream, after the compute stream's current
+point), and its parameters become views of the buffer. Then the next
+`prefetch` blocks start their reloads. After the block ran (a forward hook)
+its parameters are placeholders again and the buffer goes back to PyTorch's
+caching allocator on the compute stream, on which it was allocated: the
+copy that wrote it finished before the compute stream read it, so no
+record_stream is needed.
+
+The order prefetched is the one observed: each call of the model records the
+blocks in the order they ran, and the next call prefetches along it, as a
+ring (the last block prefetches the first for the next call). Before any call
+completed it is the ModuleList's order. A block that runs out of the predicted
+order, twice, or not at all still reads exactly its own weights (a block
+whose reload was not started loads on demand); a misprediction costs time and
+at most `prefetch` buffers, which wait for their copies before being dropped.
+
+Training is not supported yet: autograd saves the parameters a block used, and
+its backward would read the placeholders. A forward with gradients enabled
+through an offloaded parameter that requires grad raises before the block runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+
+import torch
+from torch import nn
+
+from spillway import ops
+
+_ALIGN = 256  # bytes; every parameter's offset in its slab is a multiple of this
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """Where one parameter of a block lives in the block's slab."""
+    name: str            # the parameter's name inside the block (module path + attribute)
+    offset: int          # bytes from the slab's start, a multiple of _ALIGN
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def _placeholder(dtype: torch.dtype, ndim: int, device: torch.device) -> torch.Tensor:
+    """An empty tensor of the parameter's dtype and rank (rank 1 for a scalar)."""
+    return torch.empty((0,) * max(ndim, 1), dtype=dtype, device=device)
+
+
+def _owner(block: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, attr = name.rpartition(".")
+    return (block.get_submodule(path) if path else block), attr
+
+
+class _Block:
+    """One block's host slab and layout; its device buffer while it runs."""
+
+    def __init__(self, index: int, path: str, module: nn.Module, slots: list[_Slot],
+                 host: torch.Tensor):
+        self.index, self.path, self.module = index, path, module
+        self.slots, self.host = slots, host
+        self.params: list[nn.Parameter] = [self.parameter(s.name) for s in slots]
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.numel()
+
+    def parameter(self, name: str) -> nn.Parameter:
+        owner, attr = _owner(self.module, name)
+        return owner._parameters[attr]
+
+    def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        return [buffer[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+                for s in self.slots]
+
+
+class LayerwiseWeights:
+    """The handle offload_weights() returns (Note [Layer-wise weights]).
+
+    blocks: the offloaded blocks' module paths, in ModuleList order. device: where
+    the weights run. stats(): bytes on the host, reloads, on-demand loads.
+    mutate_weights(): a context with every weight on the device; on leaving it the
+    host slabs are taken again from the parameters as they are then. detach():
+    every weight back on the device as an ordinary parameter, the hooks removed.
+
+    Not thread-safe: one model call at a time, as PyTorch modules themselves.
+    """
+
+    def __init__(self, model: nn.Module, blocks, prefetch: int, device: torch.device):
+        self.model, self.device, self.prefetch = model, device, prefetch
+        self._list_path, modules = _find_blocks(model, blocks)
+        self.blocks: list[str] = [f"{self._list_path}.{i}" if self._list_path else str(i)
+                                  for i in range(len(modules))]
+        self._modules = modules
+        self._blocks: list[_Block] = []
+        self._live: dict[int, torch.Tensor] = {}        # block -> its waited device buffer
+        self._prefetched: dict[int, torch.Tensor] = {}  # block -> reload not yet waited
+        self._order: list[int] = []      # the block order of the last completed call
+        self._observed: list[int] = []   # this call's so far
+        self._depth = 0                  # model calls in progress (re-entrant calls)
+        self._hooks: list = []
+        self._mutating = False
+        self._detached = False
+        self._stats = {"reloads": 0, "prefetched": 0, "on_demand": 0, "dropped_prefetches": 0,
+                       "calls": 0}
+        self._snapshot(initial=True)
+        self._install_hooks()
+
+    # ---- the host slabs ------------------------------------------------------
+
+    def _offloadable(self) -> list[list[tuple[str, nn.Parameter]]]:
+        """Per block, the parameters that go to its slab: not empty, and used by no other
+        block and by nothing outside the blocks (those stay resident)."""
+        in_blocks = [list(m.named_parameters()) for m in self._modules]
+        uses: dict[int, int] = {}
+        for params in in_blocks:
+            for _, p in params:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+        inner = {id(m) for b in self._modules for m in b.modules()}
+        for m in self.model.modules():
+            if id(m) not in inner:
+                for p in m.parameters(recurse=False):
+                    uses[id(p)] = uses.get(id(p), 0) + 1
+        return [[(n, p) for n, p in params if p.numel() > 0 and uses[id(p)] == 1]
+                for params in in_blocks]
+
+    def _snapshot(self, initial: bool) -> None:
+        """Builds every block's host slab from its parameters as they are, then (all
+        slabs made) makes the parameters placeholders. Nothing changes when a slab cannot
+        be made (pinned memory exhausted): the error names the block."""
+        chosen = self._offloadable()
+        if initial and not any(chosen):
+            raise ValueError(f"[weights] the blocks of {self._list_path or 'the model'} "
+                             f"({len(self._modules)} modules) have no parameters of their own "
+                             f"to offload")
+        made: list[_Block] = []
+        for index, (module, params) in enumerate(zip(self._modules, chosen)):
+            slots, offset = [], 0
+            for name, p in params:
+                offset = -(-offset // _ALIGN) * _ALIGN
+                nbytes = p.numel() * p.element_size()
+                slots.append(_Slot(name, offset, nbytes, p.dtype, tuple(p.shape)))
+                offset += nbytes
+            if not slots:
+                made.append(_Block(index, self.blocks[index], module, [],
+                                   torch.empty(0, dtype=torch.uint8)))
+                continue
+            try:
+                staging = torch.empty(offset, dtype=torch.uint8, device=self.device)
+                with torch.no_grad():
+                    for s, (_, p) in zip(slots, params):
+                        staging[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape) \
+                            .copy_(p.detach())
+                host = ops.offload(staging, exact=True)
+                host = ops.wait_tensor(host, keepalive=staging)
+                del staging
+            except torch.OutOfMemoryError as e:
+                raise torch.OutOfMemoryError(
+                    f"[weights] block {self.blocks[index]} ({offset / 2**20:.1f} MiB): no memory "
+                    f"for its host slab or its staging copy ({e}); the model is unchanged") \
+                    from None
+            made.append(_Block(index, self.blocks[index], module, slots, host))
+        ops.synchronize()  # the slabs are complete before the parameters let go
+        self._blocks = made
+        for block in made:
+            for slot, p in zip(block.slots, block.params):
+                p.data = _placeholder(slot.dtype, len(slot.shape), self.device)
+        if initial:
+            self._move_the_rest()
+
+    def _move_the_rest(self) -> None:
+        """Everything the slabs do not hold moves to the device once."""
+        offloaded = {id(p) for b in self._blocks for p in b.params}
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if id(p) not in offloaded and p.device != self.device:
+                    p.data = p.data.to(self.device)
+            for module in self.model.modules():
+                for name, buf in module._buffers.items():
+                    if buf is not None and buf.device != self.device:
+                        module._buffers[name] = buf.to(self.device)
+
+    # ---- hooks ------------------------------------------------------------------
+
+    def _install_hooks(self) -> None:
+        self._hooks.append(self.model.register_forward_pre_hook(self._on_model_start))
+        self._hooks.append(self.model.register_forward_hook(self._on_model_end,
+                                                            always_call=True))
+        for block in self._blocks:
+            if not block.slots:
+                continue
+            self._hooks.append(block.module.register_forward_pre_hook(
+                self._pre_hook(block.index)))
+            self._hooks.append(block.module.register_forward_hook(
+                self._post_hook(block.index), always_call=True))
+
+    @torch.compiler.disable
+    def _on_model_start(self, module, args):
+        if self._depth == 0:
+            self._observed = []
+        self._depth += 1
+
+    @torch.compiler.disable
+    def _on_model_end(self, module, args, output):
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self._stats["calls"] += 1
+            if self._observed:
+                self._order = self._observed
+
+    def _pre_hook(self, index: int):
+        @torch.compiler.disable
+        def hook(module, args):
+            if not self._mutating:
+                self._bring(index)
+        return hook
+
+    def _post_hook(self, index: int):
+        @torch.compiler.disable
+        def hook(module, args, output):
+            if not self._mutating:
+                self._release(index)
+        return hook
+
+    def _bring(self, index: int) -> None:
+        block = self._blocks[index]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in block.params):
+            raise RuntimeError(
+                f"[weights] {block.path} runs with gradients enabled, and its offloaded "
+                f"parameters require grad: training with offloaded weights is not supported "
+                f"yet (the backward would need the weights again). Run the model under "
+                f"torch.no_grad() or torch.inference_mode(), or call requires_grad_(False)")
+        self._observed.append(index)
+        if index in self._live:  # a re-entrant call of the same block: its weights are here
+            return
+        buffer = self._prefetched.pop(index, None)
+        if buffer is None:
+            buffer = ops.reload(block.host, self.device)
+            self._stats["reloads"] += 1
+            self._stats["on_demand"] += 1
+        buffer = ops.wait_tensor(buffer, keepalive=block.host)
+        self._live[index] = buffer
+        for p, view in zip(block.params, block.views(buffer)):
+            p.data = view
+        self._start_prefetches(index)
+
+    def _release(self, index: int) -> None:
+        buffer = self._live.pop(index, None)
+        if buffer is None:
+            return
+        block = self._blocks[index]
+        for slot, p in zip(block.slots, block.params):
+            p.data = _placeholder(slot.dtype, len(slot.shape), self.device)
+        del buffer  # back to the caching allocator, in the compute stream's order
+
+    def _next(self, index: int) -> list[int]:
+        """The `prefetch` blocks predicted to run after `index`, nearest first."""
+        order = self._order or [b.index for b in self._blocks]
+        following = {}
+        for position, k in enumerate(order):  # the last occurrence's successor wins
+            following[k] = order[(position + 1) % len(order)]
+        out, k = [], index
+        for _ in range(len(self._blocks)):
+            if len(out) == self.prefetch or k not in following:
+                break
+            k = following[k]
+            if k == index or k in out:
+                break
+            if self._blocks[k].slots:
+                out.append(k)
+        return out
+
+    def _start_prefetches(self, index: int) -> None:
+        wanted = self._next(index)
+        for k in list(self._prefetched):  # mispredicted: wait for the copy, then drop
+            if k not in wanted:
+                ops.wait_tensor(self._prefetched.pop(k), keepalive=self._blocks[k].host)
+                self._stats["dropped_prefetches"] += 1
+        for k in wanted:
+            if k in self._live or k in self._prefetched:
+                continue
+            self._prefetched[k] = ops.reload(self._blocks[k].host, self.device)
+            self._stats["reloads"] += 1
+            self._stats["prefetched"] += 1
+
+    def _drain(self) -> None:
+        """Waits for and drops every prefetched buffer."""
+        for k in list(self._prefetched):
+            ops.wait_tensor(self._prefetched.pop(k), keepalive=self._blocks[k].host)
+
+    # ---- the user's scopes ----------------------------------------------------------
+
+    def _check_attached(self, what: str) -> None:
+        if self._detached:
+            raise RuntimeError(f"[weights] {what} after detach(): the model is an ordinary "
+                               f"resident model again")
+
+    @contextlib.contextmanager
+    def mutate_weights(self):
+        """Every offloaded weight on the device, each an ordinary tensor of its own, for
+        the body to read or change (in place, or by assigning new parameters of any shape
+        and dtype); the blocks run without moving anything. On leaving, the host slabs are
+        made again from the parameters as they are then."""
+        self._check_attached("mutate_weights()")
+        if self._mutating:
+            raise RuntimeError("[weights] mutate_weights() is already active")
+        if self._live:
+            raise RuntimeError("[weights] mutate_weights() inside a model call")
+        self._drain()
+        self._restore_all()
+        self._mutating = True
+        try:
+            yield self
+        finally:
+            self._mutating = False
+            try:
+                self._snapshot(initial=False)
+            except BaseException:
+                # The weights stay where the body left them, on the device; without
+                # slabs the hooks have nothing to do.
+                self._remove_hooks()
+                raise
+
+    def detach(self) -> nn.Module:
+        """Every offloaded weight back on the device as an ordinary parameter, the hooks
+        removed, the host slabs freed. Returns the model."""
+        self._check_attached("detach()")
+        if self._live:
+            raise RuntimeError("[weights] detach() inside a model call")
+        self._drain()
+        self._restore_all()
+        self._remove_hooks()
+        return self.model
+
+    def _remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._blocks, self._detached = [], [], True
+        _HANDLES.pop(self.model, None)
+
+    def _restore_all(self) -> None:
+        """Each offloaded parameter gets a device tensor of its own with its value."""
+        for block in self._blocks:
+            if not block.slots:
+                continue
+            buffer = ops.wait_tensor(ops.reload(block.host, self.device), keepalive=block.host)
+            self._stats["reloads"] += 1
+            for p, view in zip(block.params, block.views(buffer)):
+                p.data = view.clone()
+            del buffer
+
+    def state_dict(self) -> dict:
+        """The model's state_dict with every offloaded parameter's value read from its
+        host slab (a CPU tensor of its own) instead of its placeholder."""
+        self._check_attached("state_dict()")
+        out = self.model.state_dict()
+        if self._mutating:  # the parameters themselves hold the values
+            return out
+        for block in self._blocks:
+            for slot, view in zip(block.slots, block.views(block.host)):
+                out[f"{block.path}.{slot.name}"] = view.clone()
+        return out
+
+    def stats(self) -> dict:
+        """calls: model calls completed; reloads: H2D copies of a block's slab (prefetched:
+        started ahead, on_demand: at the block's start, dropped_prefetches: never used);
+        bytes_offloaded: the offloaded parameters' bytes; bytes_host: their slabs' (with
+        alignment); bytes_pinned: the pinned memory those slabs hold (pages); order: the
+        block order of the last call, which the next one prefetches along; in_flight: the
+        blocks whose prefetch is started and not yet used (the ring's handover to the
+        next call)."""
+        slabs = [b.nbytes for b in self._blocks if b.slots]
+        return {**self._stats, "blocks": len(self._blocks),
+                "bytes_offloaded": sum(s.nbytes for b in self._blocks for s in b.slots),
+                "bytes_host": sum(slabs),
+                "bytes_pinned": sum(-(-n // 4096) * 4096 for n in slabs),
+                "order": list(self._order), "in_flight": sorted(self._prefetched)}
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (f"LayerwiseWeights({len(self.blocks)} blocks of {self._list_path or 'the model'}, "
+                f"{s['bytes_offloaded'] / 2**20:.1f} MiB on the host, prefetch {self.prefetch}, "
+                f"device {self.device}{', detached' if self._detached else ''})")
+
+
+def _find_blocks(model: nn.Module, blocks) -> tuple[str, list[nn.Module]]:
+    """(path, modules): the ModuleList named by `blocks`, or the model's largest by
+    parameter count (ties: the first in module order)."""
+    if blocks is not None:
+        if not isinstance(blocks, str) or not blocks:
+            raise ValueError(f"[weights] blocks must be the path of an nn.ModuleList or "
+                             f"nn.Sequential inside the model (a non-empty str), or None, got "
+                             f"{_shown(blocks)}")
+        try:
+            found = model.get_submodule(blocks)
+        except AttributeError:
+            raise ValueError(f"[weights] blocks={blocks!r}: the model has no submodule of "
+                             f"that path") from None
+        if not isinstance(found, (nn.ModuleList, nn.Sequential)) or len(found) == 0:
+            raise ValueError(f"[weights] blocks={blocks!r} is a {type(found).__name__}"
+                             f"{' with no entries' if len(list(found.children())) == 0 else ''}"
+                             f": it must be a non-empty nn.ModuleList or nn.Sequential of "
+                             f"blocks")
+        return blocks, list(found)
+    best = None
+    for path, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            size = sum(p.numel() for p in module.parameters())
+            if best is None or size > best[0]:
+                best = (size, path, module)
+    if best is None:
+        raise ValueError(f"[weights] {type(model).__name__} has no nn.ModuleList of blocks to "
+                         f"offload; pass blocks='path.to.blocks' (an nn.ModuleList or "
+                         f"nn.Sequential)")
+    return best[1], list(best[2])
+
+
+def _target_device(model: nn.Module, device) -> torch.device:
+    if device is None:
+        if not torch.cuda.is_available():
+            raise ValueError("[weights] torch has no usable CUDA here: pass device='cpu' to run "
+                             "the offload through the runtime's fake copy backend (for testing)")
+        device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"[weights] device must be cpu, cuda or cuda:N, got "
+                         f"{_shown(device)}") from None
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"[weights] device {target}: torch has no usable CUDA here")
+        if not ops.cuda_built():
+            raise ValueError(f"[weights] device {target}: spillway._C was built without CUDA")
+        if target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+    elif target.type != "cpu":
+        raise ValueError(f"[weights] device must be cpu, cuda or cuda:N, got {_shown(device)}")
+    return target
+
+
+def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int = 1,
+                    gpu_budget=None, device=None) -> LayerwiseWeights:
+    """Keeps each block's weights in pinned host memory, bringing them to the device for
+    the block's forward only (Note [Layer-wise weights]). Inference only for now.
+
+    model: an nn.Module on any device (its weights may not fit the GPU: a CPU model is
+    never moved whole). blocks: the path of the nn.ModuleList (or nn.Sequential) whose
+    entries are the blocks; None = the model's largest nn.ModuleList. prefetch: how many
+    blocks ahead start their copy when a block starts (>= 0). gpu_budget: not supported
+    yet (every block is offloaded). device: where the model runs; None = the current
+    CUDA device; 'cpu' drives the runtime's fake copy backend (tests).
+
+    Raises ValueError (no blocks, bad arguments), torch.OutOfMemoryError (pinned or
+    device memory for a slab; the model is then unchanged).
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"[weights] model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"[weights] prefetch must be an int >= 0 (blocks copied ahead), got "
+                         f"{_shown(prefetch)}")
+    if gpu_budget is not None:
+        raise ValueError("[weights] gpu_budget is not supported yet: every block is offloaded "
+                         "(the resident-set scheduler that keeps blocks within a budget is "
+                         "still to come); pass gpu_budget=None")
+    target = _target_device(model, device)
+    attached = _HANDLES.get(model)
+    if attached is not None and attached() is not None:
+        raise ValueError(f"[weights] the model's weights are offloaded already ({attached()!r}); "
+                         f"detach() that handle first")
+    handle = LayerwiseWeights(model, blocks, prefetch, target)
+    _HANDLES[model] = weakref.ref(handle)
+    return handle
+
+
+# The attached handle of each model, weakly (the model's hooks hold the handle).
+_HANDLES: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+__all__ = ["offload_weights", "LayerwiseWeights"]

@@ -1,0 +1,375 @@
+"""spillway.offload_weights: layer-wise weight offload (Note [Layer-wise weights] in
+python/spillway/weights/layerwise.py).
+
+On CPU, device='cpu' drives the real runtime through its fake copy backend: CPU tensors
+play device memory, the slabs are the pool's host blocks, the reloads run on the fake
+copy stream's worker thread. Every output is compared with torch.equal against the same
+model resident, over many calls, with blocks skipped, reordered and repeated, after
+mutate_weights() and after detach(). The CUDA tests skip without a GPU and run in
+scripts/device-check.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import spillway
+from spillway import ops
+from _models import deterministic_cuda, tiny_llama
+
+
+class DiTBlock(nn.Module):
+    """Attention and MLP modulated by the timestep embedding (adaLN), as in DiT/Wan."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.ada = nn.Linear(dim, 6 * dim)
+
+    def forward(self, x, c):
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(c).unsqueeze(1).chunk(6, -1)
+        h = self.norm1(x) * (1 + scale1) + shift1
+        x = x + gate1 * self.attn(h, h, h, need_weights=False)[0]
+        h = self.norm2(x) * (1 + scale2) + shift2
+        return x + gate2 * self.mlp(h)
+
+
+class TinyDiT(nn.Module):
+    """Patch embedding, timestep embedding, a ModuleList of blocks, a projection out. The
+    blocks run in `order` (default: all, in order), so a caller can skip, reorder and
+    repeat them as caching samplers do."""
+
+    def __init__(self, dim=64, heads=4, depth=6, channels=8, seq=16):
+        super().__init__()
+        self.embed = nn.Linear(channels, dim)
+        self.t_embed = nn.Sequential(nn.Linear(1, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.blocks = nn.ModuleList(DiTBlock(dim, heads) for _ in range(depth))
+        self.out = nn.Linear(dim, channels)
+        self.register_buffer("pos", torch.randn(1, seq, dim))
+
+    def forward(self, x, t, order=None):
+        c = self.t_embed(t[:, None])
+        h = self.embed(x) + self.pos
+        for i in (range(len(self.blocks)) if order is None else order):
+            h = self.blocks[i](h, c)
+        return self.out(h)
+
+
+def _dit(seed=0, **kw):
+    torch.manual_seed(seed)
+    return TinyDiT(**kw).eval()
+
+
+def _dit_inputs(seed, device="cpu", batch=2, seq=16, channels=8):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, seq, channels, generator=gen).to(device),
+            torch.rand(batch, generator=gen).to(device))
+
+
+def _settled_pinned_bytes(device="cpu") -> int:
+    """The pool's pinned bytes once every dropped host copy (earlier tests' handles) is
+    freed and nothing cached is left."""
+    import gc
+
+    from spillway import _C
+    gc.collect()
+    ops.synchronize()
+    _C.trim_pool(device)
+    return ops.pool_stats(device)["bytes_pinned"]
+
+
+def _offloaded(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in module.named_parameters() if p.numel() == 0]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_llama_outputs_equal_the_resident_model_over_many_calls(prefetch):
+    model, ids = tiny_llama(3, layers=4, hidden=128)
+    model.eval()
+    resident = copy.deepcopy(model)
+    names = [n for n, _ in model.named_parameters()]
+    keys = list(model.state_dict())
+    handle = spillway.offload_weights(model, prefetch=prefetch, device="cpu")
+    assert handle.blocks == [f"model.layers.{i}" for i in range(4)]
+    # Every block parameter is a placeholder of its dtype and rank; names and keys stay.
+    for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+        if name.startswith("model.layers."):
+            assert p.numel() == 0 and p.dtype == q.dtype and p.dim() == q.dim(), name
+        else:
+            assert torch.equal(p, q), name
+    assert [n for n, _ in model.named_parameters()] == names
+    assert list(model.state_dict()) == keys
+    with torch.inference_mode():
+        for k in range(6):
+            batch = ids.roll(k, dims=1)
+            assert torch.equal(model(batch).logits, resident(batch).logits), k
+            # After each call no block holds device weights.
+            assert len(_offloaded(model.model.layers)) == len(list(resident.model.layers.parameters()))
+    s = handle.stats()
+    assert s["calls"] == 6 and s["order"] == [0, 1, 2, 3]
+    # One H2D per block per call, and the ring's handover: the last blocks prefetched the
+    # first `prefetch` of the next call.
+    assert s["reloads"] == 6 * 4 + prefetch
+    assert s["in_flight"] == list(range(prefetch))
+    # The first block of the first call loads on demand, as does every block without prefetch.
+    assert s["on_demand"] == (24 if prefetch == 0 else 1)
+    assert s["dropped_prefetches"] == 0
+
+
+def test_dit_blocks_skipped_reordered_and_repeated_stay_exact():
+    model = _dit(1)
+    resident = copy.deepcopy(model)
+    pending = ops.pending_waits()  # other tests' handles hold their handovers
+    handle = spillway.offload_weights(model, prefetch=2, device="cpu")
+    assert handle.blocks == [f"blocks.{i}" for i in range(6)]
+    orders = [None, [0, 2, 4], [1, 3, 5], None, [5, 4, 3, 2, 1, 0], [0, 0, 1, 1], [3], None,
+              [2, 4, 1], [2, 4, 1]]
+    with torch.no_grad():
+        for k, order in enumerate(orders):
+            x, t = _dit_inputs(k)
+            assert torch.equal(model(x, t, order), resident(x, t, order)), (k, order)
+    s = handle.stats()
+    assert s["order"] == [2, 4, 1]  # re-learned from the last call
+    assert s["dropped_prefetches"] > 0  # mispredictions cost copies, never correctness
+    assert s["prefetched"] > s["on_demand"]
+    # Every reload started was waited for but the handover's.
+    assert ops.pending_waits() - pending == len(s["in_flight"]) > 0
+    # The last two calls ran the same order: the second found every block prefetched.
+    before = handle.stats()
+    with torch.no_grad():
+        model(*_dit_inputs(0), [2, 4, 1])
+    after = handle.stats()
+    assert after["on_demand"] == before["on_demand"]
+
+
+def test_state_dict_reads_the_host_slabs():
+    model = _dit(2)
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, device="cpu")
+    got, want = handle.state_dict(), resident.state_dict()
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert model.blocks[0].ada.weight.numel() == 0  # the model itself still has placeholders
+
+
+def test_mutate_weights_sees_every_weight_and_the_next_calls_use_the_change():
+    model = _dit(3)
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, device="cpu")
+    x, t = _dit_inputs(0)
+    with torch.no_grad():
+        model(x, t)
+    with handle.mutate_weights():
+        # Every weight is on the device with its value: merge a "LoRA", swap a Parameter.
+        assert torch.equal(model.blocks[4].mlp[0].weight, resident.blocks[4].mlp[0].weight)
+        for m in (model, resident):
+            with torch.no_grad():
+                m.blocks[1].mlp[2].weight.add_(0.5)
+            m.blocks[2].ada.weight = nn.Parameter(torch.full_like(m.blocks[2].ada.weight, 0.01))
+        with torch.no_grad():
+            assert torch.equal(model(x, t), resident(x, t))  # runs without moving anything
+    assert model.blocks[1].mlp[2].weight.numel() == 0
+    assert model.blocks[2].ada.weight.numel() == 0  # the new Parameter was offloaded too
+    with torch.no_grad():
+        for k in range(3):
+            x, t = _dit_inputs(10 + k)
+            assert torch.equal(model(x, t), resident(x, t)), k
+
+
+def test_detach_restores_an_ordinary_model_and_frees_the_pinned_slabs():
+    model = _dit(4)
+    resident = copy.deepcopy(model)
+    before = _settled_pinned_bytes()
+    handle = spillway.offload_weights(model, device="cpu")
+    s = handle.stats()
+    assert ops.pool_stats("cpu")["bytes_pinned"] - before == s["bytes_pinned"]
+    with torch.no_grad():
+        model(*_dit_inputs(0))
+    assert handle.detach() is model
+    assert _settled_pinned_bytes() == before
+    for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+        assert torch.equal(p, q), name
+    reloads = handle.stats()["reloads"]
+    with torch.no_grad():
+        x, t = _dit_inputs(1)
+        assert torch.equal(model(x, t), resident(x, t))
+    assert handle.stats()["reloads"] == reloads  # no hooks left
+    with pytest.raises(RuntimeError, match=r"^\[weights\] mutate_weights\(\) after detach\(\)"):
+        with handle.mutate_weights():
+            pass
+    spillway.offload_weights(model, device="cpu").detach()  # may be offloaded again
+
+
+def test_pinned_bytes_are_the_offloaded_bytes_within_two_percent():
+    model, _ = tiny_llama(5, layers=2, hidden=256, intermediate=688)
+    _settled_pinned_bytes()
+    before = ops.pool_stats("cpu")
+    handle = spillway.offload_weights(model, device="cpu")
+    after = ops.pool_stats("cpu")
+    s = handle.stats()
+    pinned = after["bytes_pinned"] - before["bytes_pinned"]
+    assert pinned == s["bytes_pinned"]
+    assert s["bytes_offloaded"] <= pinned <= 1.02 * s["bytes_offloaded"], s
+    # One slab per block: one pinned allocation each, not one per parameter.
+    assert after["pinned_allocations"] - before["pinned_allocations"] == 2
+    handle.detach()
+
+
+def test_a_block_compiled_with_torch_compile_is_never_recompiled_by_the_offload():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = _dit(5, depth=3)
+    resident = copy.deepcopy(model)
+    for block in [*model.blocks, *resident.blocks]:
+        block.compile(backend="eager")
+    spillway.offload_weights(model, prefetch=1, device="cpu")
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        for k in range(4):
+            x, t = _dit_inputs(k)
+            assert torch.equal(model(x, t), resident(x, t)), k
+    torch._dynamo.reset()
+
+
+def test_a_forward_with_gradients_through_offloaded_weights_is_refused_and_changes_nothing():
+    model = _dit(6)
+    resident = copy.deepcopy(model)
+    spillway.offload_weights(model, device="cpu")
+    x, t = _dit_inputs(0)
+    with pytest.raises(RuntimeError, match=r"^\[weights\] blocks\.0 runs with gradients enabled"
+                                           r".*not supported yet"):
+        model(x, t)
+    assert _offloaded(model.blocks[0])  # still placeholders
+    with torch.no_grad():
+        assert torch.equal(model(x, t), resident(x, t))
+    model.requires_grad_(False)
+    resident.requires_grad_(False)  # the same kernels (nn.MultiheadAttention's fast path)
+    assert torch.equal(model(x, t), resident(x, t))
+
+
+def test_exhausted_pinned_memory_names_the_block_and_leaves_the_model_as_it_was():
+    model = _dit(7)
+    resident = copy.deepcopy(model)
+    before = _settled_pinned_bytes()
+    from spillway import _C
+    _C.fail_next_fake_pinned_allocations(1)
+    with pytest.raises(torch.OutOfMemoryError,
+                       match=r"^\[weights\] block blocks\.0 \(.* MiB\): no memory .* the model "
+                             r"is unchanged"):
+        spillway.offload_weights(model, device="cpu")
+    for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+        assert torch.equal(p, q), name
+    assert _settled_pinned_bytes() == before
+    handle = spillway.offload_weights(model, device="cpu")  # nothing is left attached
+    with torch.no_grad():
+        x, t = _dit_inputs(0)
+        assert torch.equal(model(x, t), resident(x, t))
+    handle.detach()
+
+
+class _NoBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({}, ValueError, r"^\[weights\] _NoBlocks has no nn\.ModuleList of blocks to offload; "
+                     r"pass blocks="),
+    ({"blocks": "c"}, ValueError, r"^\[weights\] blocks='c': the model has no submodule"),
+    ({"blocks": "a"}, ValueError, r"^\[weights\] blocks='a' is a Linear.*must be a non-empty "
+                                  r"nn\.ModuleList or nn\.Sequential"),
+    ({"blocks": 3}, ValueError, r"^\[weights\] blocks must be the path"),
+    ({"prefetch": -1}, ValueError, r"^\[weights\] prefetch must be an int >= 0"),
+    ({"prefetch": True}, ValueError, r"^\[weights\] prefetch must be an int >= 0"),
+    ({"gpu_budget": "4GiB"}, ValueError, r"^\[weights\] gpu_budget is not supported yet"),
+    ({"device": "tpu"}, ValueError, r"^\[weights\] device must be cpu, cuda or cuda:N"),
+])
+def test_bad_arguments_are_named(kwargs, error, match):
+    model = _NoBlocks()
+    want = copy.deepcopy(model)
+    with pytest.raises(error, match=match):
+        spillway.offload_weights(model, **{"device": "cpu", **kwargs})
+    for p, q in zip(model.parameters(), want.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_model_offloaded_twice_and_blocks_without_parameters_are_refused():
+    model = _dit(8)
+    handle = spillway.offload_weights(model, device="cpu")
+    with pytest.raises(ValueError, match=r"^\[weights\] the model's weights are offloaded "
+                                         r"already"):
+        spillway.offload_weights(model, device="cpu")
+    handle.detach()
+    with pytest.raises(ValueError, match=r"^\[weights\] model must be an nn\.Module"):
+        spillway.offload_weights("model", device="cpu")
+
+    class Empty(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.ReLU() for _ in range(3))
+    with pytest.raises(ValueError, match=r"^\[weights\] the blocks of blocks \(3 modules\) have "
+                                         r"no parameters of their own"):
+        spillway.offload_weights(Empty(), device="cpu")
+
+
+def test_a_parameter_shared_with_the_outside_stays_resident():
+    model = _dit(9)
+    model.blocks[0].ada.weight = model.blocks[3].ada.weight  # shared by two blocks
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, device="cpu")
+    assert model.blocks[3].ada.weight.numel() > 0
+    with torch.no_grad():
+        x, t = _dit_inputs(0)
+        assert torch.equal(model(x, t), resident(x, t))
+    handle.detach()
+
+
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and ops.cuda_built()),
+                                reason="needs a CUDA device and a spillway._C with CUDA kernels")
+
+
+@needs_cuda
+def test_cuda_a_cpu_llama_runs_on_the_gpu_block_by_block_bit_exactly():
+    """bf16 Llama built on the CPU: offload_weights moves only what is outside the blocks
+    to the GPU; each call is bit-equal to the resident model, the GPU holds at most the
+    blocks in flight, and the pinned slabs are the offloaded bytes within 2 %."""
+    with deterministic_cuda():
+        model, ids = tiny_llama(11, layers=8, hidden=1024, intermediate=2816, heads=8,
+                                kv_heads=4, vocab=1024, batch=2, seq=256, dtype=torch.bfloat16)
+        model.eval()
+        resident = copy.deepcopy(model).cuda()
+        ids = ids.cuda()
+        with torch.inference_mode():
+            want = [resident(ids.roll(k, 1)).logits for k in range(4)]
+        del resident
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        pinned_before = ops.pool_stats("cuda:0")["bytes_pinned"]
+        handle = spillway.offload_weights(model, prefetch=1)
+        s = handle.stats()
+        assert ops.pool_stats("cuda:0")["bytes_pinned"] - pinned_before == s["bytes_pinned"]
+        assert s["bytes_pinned"] <= 1.02 * s["bytes_offloaded"]
+        block = s["bytes_host"] / 8
+        resident_rest = torch.cuda.memory_allocated() - base
+        assert resident_rest < s["bytes_offloaded"] / 2  # the blocks did not come along
+        torch.cuda.reset_peak_memory_stats()
+        with torch.inference_mode():
+            for k in range(4):
+                assert torch.equal(model(ids.roll(k, 1)).logits, want[k]), k
+        peak = torch.cuda.max_memory_allocated() - base - resident_rest
+        # The call's activations are small here; the weights in flight are the running
+        # block and the prefetched one (and the ring's handover): well under 4 blocks.
+        assert peak < 4 * block + 64 * 2**20, (peak, block)
+        assert handle.stats()["on_demand"] == 1
+        handle.detach()
