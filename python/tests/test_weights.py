@@ -139,8 +139,8 @@ def test_dit_blocks_skipped_reordered_and_repeated_stay_exact():
     assert s["order"] == [2, 4, 1]  # re-learned from the last call
     assert s["dropped_prefetches"] > 0  # mispredictions cost copies, never correctness
     assert s["prefetched"] > s["on_demand"]
-    # Every reload started was waited for but the handover's.
-    assert ops.pending_waits() - pending == len(s["in_flight"]) > 0
+    # Every reload started was waited for, the handover's at the end of the call.
+    assert s["in_flight"] and ops.pending_waits() == pending
     # The last two calls ran the same order: the second found every block prefetched.
     before = handle.stats()
     with torch.no_grad():

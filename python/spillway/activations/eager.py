@@ -93,6 +93,8 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from spillway import ops
+from spillway._device import parse_device, usable_device
+from spillway._device import shown as _shown
 from spillway.activations._module_labels import leaf_name, module_labels
 from spillway.activations._eager_store import _Entry, _Handle, _Kept, _Layer, version_witness
 
@@ -196,14 +198,6 @@ def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = _D
                               device=device, lag=lag, layers=layers)
 
 
-def _shown(value) -> str:
-    """A received argument for an error message: its repr (shortened) and its type."""
-    text = repr(value)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return f"{text} ({type(value).__name__})"
-
-
 def _check_count(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"[eager] {name} must be an int, got {_shown(value)}")
@@ -221,27 +215,8 @@ def _target_device(model: nn.Module, device) -> tuple[torch.device, bool]:
                              "from; pass device=")
         target = first.device
         enabled = target.type == "cuda"  # a CPU model has no device memory to spare
-    else:
-        try:
-            target = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"[eager] device must be cpu, cuda or cuda:N (a str or a "
-                             f"torch.device), got {_shown(device)}") from None
-        enabled = True
-    if target.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"[eager] device {target}: torch has no usable CUDA here")
-        if not ops.cuda_built():
-            raise ValueError(f"[eager] device {target}: spillway._C was built without CUDA")
-        if target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
-        if target.index >= torch.cuda.device_count():
-            raise ValueError(f"[eager] device {target}: there are "
-                             f"{torch.cuda.device_count()} CUDA devices")
-    elif target.type != "cpu":
-        raise ValueError(f"[eager] device must be cpu, cuda or cuda:N, got {_shown(device)}: "
-                         f"spillway moves tensors of cpu or cuda devices only")
-    return target, enabled
+        return usable_device(target, "eager"), enabled
+    return parse_device(device, "eager"), True
 
 
 def _scope_names(scope) -> list[str]:

@@ -22,7 +22,9 @@ Before a block runs (a forward pre-hook) the compute stream waits for that
 block's slab, reloaded by spillway::reload into one device buffer (one H2D per
 block, on the runtime's copy stream, after the compute stream's current
 point), and its parameters become views of the buffer. Then the next
-`prefetch` blocks start their reloads. After the block ran (a forward hook)
+`prefetch` blocks start their reloads. At the end of the model's call the
+compute stream waits for the copies started for the next call (the ring's
+handover), so no copy stays pending in the runtime between calls. After the block ran (a forward hook)
 its parameters are placeholders again and the buffer goes back to PyTorch's
 caching allocator on the compute stream, on which it was allocated: the
 copy that wrote it finished before the compute stream read it, so no
@@ -50,13 +52,10 @@ import torch
 from torch import nn
 
 from spillway import ops
+from spillway._device import parse_device
+from spillway._device import shown as _shown
 
 _ALIGN = 256  # bytes; every parameter's offset in its slab is a multiple of this
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +120,8 @@ class LayerwiseWeights:
         self._modules = modules
         self._blocks: list[_Block] = []
         self._live: dict[int, torch.Tensor] = {}        # block -> its waited device buffer
-        self._prefetched: dict[int, torch.Tensor] = {}  # block -> reload not yet waited
+        # block -> (its reloaded buffer, whether the compute stream waited for the copy)
+        self._prefetched: dict[int, tuple[torch.Tensor, bool]] = {}
         self._order: list[int] = []      # the block order of the last completed call
         self._observed: list[int] = []   # this call's so far
         self._depth = 0                  # model calls in progress (re-entrant calls)
@@ -132,6 +132,9 @@ class LayerwiseWeights:
                        "calls": 0}
         self._snapshot(initial=True)
         self._install_hooks()
+        # A handle dropped without detach() leaves no copy unwaited in the runtime.
+        self._finalizer = weakref.finalize(self, _wait_all, self._prefetched)
+        self._finalizer.atexit = False
 
     # ---- the host slabs ------------------------------------------------------
 
@@ -234,6 +237,12 @@ class LayerwiseWeights:
             self._stats["calls"] += 1
             if self._observed:
                 self._order = self._observed
+            # The ring's handover: the compute stream waits for the next call's first
+            # blocks here, so no copy stays pending between calls.
+            for k, (buffer, waited) in list(self._prefetched.items()):
+                if not waited:
+                    self._prefetched[k] = (ops.wait_tensor(buffer, keepalive=self._blocks[k].host),
+                                           True)
 
     def _pre_hook(self, index: int):
         @torch.compiler.disable
@@ -260,12 +269,13 @@ class LayerwiseWeights:
         self._observed.append(index)
         if index in self._live:  # a re-entrant call of the same block: its weights are here
             return
-        buffer = self._prefetched.pop(index, None)
+        buffer, waited = self._prefetched.pop(index, (None, False))
         if buffer is None:
             buffer = ops.reload(block.host, self.device)
             self._stats["reloads"] += 1
             self._stats["on_demand"] += 1
-        buffer = ops.wait_tensor(buffer, keepalive=block.host)
+        if not waited:
+            buffer = ops.wait_tensor(buffer, keepalive=block.host)
         self._live[index] = buffer
         for p, view in zip(block.params, block.views(buffer)):
             p.data = view
@@ -301,19 +311,20 @@ class LayerwiseWeights:
         wanted = self._next(index)
         for k in list(self._prefetched):  # mispredicted: wait for the copy, then drop
             if k not in wanted:
-                ops.wait_tensor(self._prefetched.pop(k), keepalive=self._blocks[k].host)
+                buffer, waited = self._prefetched.pop(k)
+                if not waited:
+                    ops.wait_tensor(buffer, keepalive=self._blocks[k].host)
                 self._stats["dropped_prefetches"] += 1
         for k in wanted:
             if k in self._live or k in self._prefetched:
                 continue
-            self._prefetched[k] = ops.reload(self._blocks[k].host, self.device)
+            self._prefetched[k] = (ops.reload(self._blocks[k].host, self.device), False)
             self._stats["reloads"] += 1
             self._stats["prefetched"] += 1
 
     def _drain(self) -> None:
         """Waits for and drops every prefetched buffer."""
-        for k in list(self._prefetched):
-            ops.wait_tensor(self._prefetched.pop(k), keepalive=self._blocks[k].host)
+        _wait_all(self._prefetched)
 
     # ---- the user's scopes ----------------------------------------------------------
 
@@ -394,8 +405,8 @@ class LayerwiseWeights:
         bytes_offloaded: the offloaded parameters' bytes; bytes_host: their slabs' (with
         alignment); bytes_pinned: the pinned memory those slabs hold (pages); order: the
         block order of the last call, which the next one prefetches along; in_flight: the
-        blocks whose prefetch is started and not yet used (the ring's handover to the
-        next call)."""
+        blocks whose weights are prefetched and not yet used (after a call: the ring's
+        handover to the next one, already waited for)."""
         slabs = [b.nbytes for b in self._blocks if b.slots]
         return {**self._stats, "blocks": len(self._blocks),
                 "bytes_offloaded": sum(s.nbytes for b in self._blocks for s in b.slots),
@@ -408,6 +419,14 @@ class LayerwiseWeights:
         return (f"LayerwiseWeights({len(self.blocks)} blocks of {self._list_path or 'the model'}, "
                 f"{s['bytes_offloaded'] / 2**20:.1f} MiB on the host, prefetch {self.prefetch}, "
                 f"device {self.device}{', detached' if self._detached else ''})")
+
+
+def _wait_all(prefetched: dict) -> None:
+    """Waits for every prefetched copy not yet waited for, and drops them all."""
+    for buffer, waited in prefetched.values():
+        if not waited:
+            ops.wait_tensor(buffer)
+    prefetched.clear()
 
 
 def _find_blocks(model: nn.Module, blocks) -> tuple[str, list[nn.Module]]:
@@ -442,27 +461,13 @@ def _find_blocks(model: nn.Module, blocks) -> tuple[str, list[nn.Module]]:
     return best[1], list(best[2])
 
 
-def _target_device(model: nn.Module, device) -> torch.device:
+def _target_device(device) -> torch.device:
     if device is None:
         if not torch.cuda.is_available():
             raise ValueError("[weights] torch has no usable CUDA here: pass device='cpu' to run "
                              "the offload through the runtime's fake copy backend (for testing)")
-        device = torch.device("cuda", torch.cuda.current_device())
-    try:
-        target = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"[weights] device must be cpu, cuda or cuda:N, got "
-                         f"{_shown(device)}") from None
-    if target.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"[weights] device {target}: torch has no usable CUDA here")
-        if not ops.cuda_built():
-            raise ValueError(f"[weights] device {target}: spillway._C was built without CUDA")
-        if target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
-    elif target.type != "cpu":
-        raise ValueError(f"[weights] device must be cpu, cuda or cuda:N, got {_shown(device)}")
-    return target
+        device = "cuda"
+    return parse_device(device, "weights")
 
 
 def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int = 1,
@@ -489,7 +494,7 @@ def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int =
         raise ValueError("[weights] gpu_budget is not supported yet: every block is offloaded "
                          "(the resident-set scheduler that keeps blocks within a budget is "
                          "still to come); pass gpu_budget=None")
-    target = _target_device(model, device)
+    target = _target_device(device)
     attached = _HANDLES.get(model)
     if attached is not None and attached() is not None:
         raise ValueError(f"[weights] the model's weights are offloaded already ({attached()!r}); "
