@@ -335,6 +335,27 @@ def test_a_parameter_shared_with_the_outside_stays_resident():
     handle.detach()
 
 
+def test_the_t2_benchmark_runs_and_checks_its_logits(tmp_path):
+    """bench/torch/t2.py on a tiny model on CPU: each method in its own process, the
+    offloaded logits torch.equal to the resident ones (the GPU run's check)."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    out = tmp_path / "t2.json"
+    done = subprocess.run(
+        [sys.executable, str(root / "bench/torch/t2.py"), "--tiny", "--device", "cpu",
+         "--method", "spillway:prefetch=2", "--method", "resident", "--calls", "2",
+         "--warmup", "1", "--work", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    assert results["spillway:prefetch=2"]["logits_equal_resident"] is True
+    assert results["spillway:prefetch=2"]["spillway"]["blocks"] == 4
+
+
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and ops.cuda_built()),
                                 reason="needs a CUDA device and a spillway._C with CUDA kernels")
 

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Workload T2 of BENCHMARKS.md: inference with the weights on the host, side by side.
+
+    python3 bench/torch/t2.py [--method M ...] [--calls 10] [--json OUT] [--markdown OUT]
+    python3 bench/torch/t2.py --tiny --device cpu --method resident --method spillway
+
+A Llama-style model (hidden 4096, MLP 11008, 8 layers, 32 heads, vocab 32000, bf16:
+3.5 GiB of weights) built on the CPU from a fixed seed, one prompt of 2048 tokens,
+forward only (inference_mode, use_cache=False). Methods (each in its own process,
+so its memory and host RSS are its own):
+
+    resident                 every weight on the GPU
+    spillway[:prefetch=N]    spillway.offload_weights(model, prefetch=N) (default 1)
+    accelerate-cpu-offload   accelerate.cpu_offload(model, execution_device)
+    diffusers-leaf           diffusers' apply_group_offloading(offload_type="leaf_level",
+                             use_stream=True) on the model
+    diffusers-block          the same with offload_type="block_level",
+                             num_blocks_per_group=1, on the decoder (model.model; the
+                             LM head resident)
+
+diffusers comes from a carried wheel (SPILLWAY_T2_DIFFUSERS_DIR: a directory that
+`pip install --target` made from .whl/diffusers-*.whl and .whl/importlib_metadata-*.whl;
+scripts/device-check does it). Per method: the median forward time over --calls
+after --warmup calls (CUDA events), the link floor (the bytes a call moves, the
+offloaded weights, over the H2D rate measured here with one pinned 1 GiB copy), the
+peak GPU memory allocated during a call, the process's host RSS, the pinned bytes
+spillway's slabs hold, and whether the logits are torch.equal to the resident
+model's (the resident method runs first and leaves them in --work).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+T2 = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
+          num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, seq=2048)
+TINY = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=4, vocab_size=512, seq=64)
+METHODS = ("resident", "spillway", "accelerate-cpu-offload", "diffusers-leaf", "diffusers-block")
+
+
+def _parse(spec: str) -> tuple[str, dict]:
+    name, _, rest = spec.partition(":")
+    if name not in METHODS:
+        raise SystemExit(f"[t2] unknown method {name!r}: one of {', '.join(METHODS)}")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"[t2] bad option {item!r} in {spec!r}: expected key=value")
+        options[key] = int(value) if value.isdigit() else value
+    return name, options
+
+
+def _build(shape: dict, dtype):
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["num_hidden_layers"],
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"], vocab_size=shape["vocab_size"],
+        max_position_embeddings=max(4096, shape["seq"]), attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, shape["vocab_size"], (1, shape["seq"]), generator=gen)
+    return model, ids
+
+
+def _h2d_gbs(device) -> float:
+    """One pinned 1 GiB host-to-device copy, timed with CUDA events (median of 3)."""
+    import torch
+
+    host = torch.empty(GIB, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(GIB, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(4):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dev.copy_(host, non_blocking=True)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    del host, dev
+    torch.cuda.empty_cache()
+    return GIB / (statistics.median(times[1:]) * 1e-3) / 1e9
+
+
+def _apply(name: str, options: dict, model, device: str) -> tuple[object, int]:
+    """Applies the method to the CPU model; returns (its handle, the bytes it offloads)."""
+    import torch
+
+    everything = sum(p.numel() * p.element_size() for p in model.parameters())
+    if name == "resident":
+        model.to(device)
+        return None, 0
+    if name == "spillway":
+        import spillway
+        handle = spillway.offload_weights(model, prefetch=options.get("prefetch", 1),
+                                          device=device)
+        return handle, handle.stats()["bytes_offloaded"]
+    if name == "accelerate-cpu-offload":
+        import accelerate
+        accelerate.cpu_offload(model, execution_device=torch.device(device))
+        return None, everything
+    sys.path.insert(0, os.environ.get("SPILLWAY_T2_DIFFUSERS_DIR", "/tmp/df"))
+    from diffusers.hooks import apply_group_offloading
+    if name == "diffusers-leaf":
+        apply_group_offloading(model, onload_device=torch.device(device),
+                               offload_type="leaf_level", use_stream=True)
+        return None, everything
+    # diffusers-block: the decoder's blocks one group each; the LM head resident.
+    model.lm_head.to(device)
+    apply_group_offloading(model.model, onload_device=torch.device(device),
+                           offload_type="block_level", num_blocks_per_group=1, use_stream=True)
+    head = model.lm_head.weight
+    return None, everything - head.numel() * head.element_size()
+
+
+def run_one(spec: str, args) -> dict:
+    import torch
+
+    name, options = _parse(spec)
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    shape = TINY if args.tiny else T2
+    if cuda:
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    model, ids = _build(shape, dtype)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    handle, moved = _apply(name, options, model, args.device)
+    ids = ids.to(args.device)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def call():
+        with torch.inference_mode():
+            return model(input_ids=ids, use_cache=False).logits
+
+    for _ in range(args.warmup):
+        out = call()
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(args.calls):
+        if cuda:
+            start, end = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+            start.record()
+            out = call()
+            end.record()
+            sync()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            out = call()
+            times.append(1e3 * (time.perf_counter() - t0))
+    logits = out.float().cpu()
+    reference = pathlib.Path(args.work) / "resident-logits.pt"
+    if name == "resident":
+        torch.save(logits, reference)
+        equal = True
+    else:
+        equal = bool(torch.equal(logits, torch.load(reference))) if reference.exists() else None
+    result = dict(method=spec, device=torch.cuda.get_device_name() if cuda else "cpu",
+                  torch=torch.__version__, shape=shape, dtype=args.dtype,
+                  weights_gib=weights / GIB, moved_gib_per_call=moved / GIB,
+                  forward_ms_median=statistics.median(times),
+                  forward_ms_all=[round(t, 2) for t in times], logits_equal_resident=equal)
+    if cuda:
+        result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+        result["allocated_before_call_gib"] = base / GIB
+    try:
+        import psutil
+        result["host_rss_gib"] = psutil.Process().memory_info().rss / GIB
+    except ImportError:
+        pass
+    if handle is not None:
+        result["spillway"] = handle.stats()
+        result["pinned_gib"] = result["spillway"]["bytes_pinned"] / GIB
+    return result
+
+
+def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
+    first = next((r for r in results if "error" not in r), {})
+    lines = [f"# T2 on {first.get('device', '?')}, torch {first.get('torch', '?')}", "",
+             f"Command: `{command}`  ",
+             f"Shape: {first.get('shape')}, {first.get('dtype')}, forward only; median of the "
+             f"measured calls; H2D {h2d:.1f} GB/s (one pinned 1 GiB copy); link floor = bytes "
+             f"moved per call / that rate." if h2d else "", "",
+             "| method | forward ms | x resident | moved GiB | link floor ms | x link floor | "
+             "peak GiB | host RSS GiB | pinned GiB | logits equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    resident = next((r["forward_ms_median"] for r in results
+                     if r.get("method") == "resident" and "error" not in r), None)
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['method']} | error: {r['error'][-160:]} | | | | | | | | |")
+            continue
+        ms, moved = r["forward_ms_median"], r["moved_gib_per_call"]
+        floor = moved * GIB / (h2d * 1e9) * 1e3 if h2d and moved else None
+
+        def f(x, fmt):
+            return "-" if x is None else format(x, fmt)
+        lines.append(
+            f"| {r['method']} | {ms:.1f} | {f(ms / resident if resident else None, '.2f')} | "
+            f"{moved:.2f} | {f(floor, '.1f')} | {f(ms / floor if floor else None, '.2f')} | "
+            f"{f(r.get('peak_allocated_gib'), '.2f')} | {f(r.get('host_rss_gib'), '.2f')} | "
+            f"{f(r.get('pinned_gib'), '.3f')} | {r['logits_equal_resident']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--method", action="append", default=[])
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--tiny", action="store_true", help="a 4-layer hidden-128 model")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per method")
+    parser.add_argument("--work", default="/tmp/spillway-t2")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:  # a child: one method, its result as the last line of stdout
+        print(json.dumps(run_one(args.one, args)))
+        return 0
+    methods = args.method or ["resident", "spillway", "accelerate-cpu-offload",
+                              "diffusers-leaf", "diffusers-block"]
+    for spec in methods:
+        _parse(spec)
+    if "resident" in methods:  # first: the others compare their logits with its
+        methods = ["resident"] + [m for m in methods if m != "resident"]
+    pathlib.Path(args.work).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(args.work) / "resident-logits.pt").unlink(missing_ok=True)
+    h2d = None
+    if args.device.startswith("cuda"):
+        import torch
+        h2d = _h2d_gbs(args.device)
+        del torch
+    command = "python3 bench/torch/t2.py " + " ".join(sys.argv[1:])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))}
+    results = []
+    for spec in methods:
+        child = [sys.executable, __file__, "--one", spec, "--calls", str(args.calls),
+                 "--warmup", str(args.warmup), "--device", args.device, "--dtype", args.dtype,
+                 "--work", args.work] + (["--tiny"] if args.tiny else [])
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(child, env=env, capture_output=True, text=True,
+                                  timeout=args.timeout)
+            if done.returncode == 0:
+                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            else:
+                tail = " / ".join(done.stderr.strip().splitlines()[-3:])
+                results.append(dict(method=spec, error=tail))
+        except subprocess.TimeoutExpired:
+            results.append(dict(method=spec, error=f"timed out after {args.timeout} s"))
+        r = results[-1]
+        print(f"[t2] {spec}: " + (f"{r['forward_ms_median']:.1f} ms, logits equal "
+                                  f"{r['logits_equal_resident']}" if "error" not in r
+                                  else f"error {r['error'][-200:]}")
+              + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    text = _markdown(results, h2d, command)
+    print(text)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"h2d_gbs": h2d, "command": command, "results": results}, indent=1))
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(text)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
