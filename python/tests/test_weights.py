@@ -149,6 +149,23 @@ def test_dit_blocks_skipped_reordered_and_repeated_stay_exact():
     assert after["on_demand"] == before["on_demand"]
 
 
+def test_generate_with_a_kv_cache_gives_the_resident_tokens():
+    """Hugging Face generate(): one call per token, the cache growing; each call's blocks
+    come and go, and the greedy tokens and their scores match the resident model's."""
+    model, ids = tiny_llama(4, layers=3)
+    model.eval()
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, device="cpu")
+    kwargs = dict(max_new_tokens=6, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True, pad_token_id=0)
+    with torch.inference_mode():
+        got = model.generate(ids[:, :8], **kwargs)
+        want = resident.generate(ids[:, :8], **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.scores, want.scores))
+    assert handle.stats()["calls"] == 6
+
+
 def test_state_dict_reads_the_host_slabs():
     model = _dit(2)
     resident = copy.deepcopy(model)
