@@ -196,6 +196,10 @@ def run_one(spec: str, args) -> dict:
     return result
 
 
+def _cell(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
 def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
     first = next((r for r in results if "error" not in r), {})
     lines = [f"# T2 on {first.get('device', '?')}, torch {first.get('torch', '?')}", "",
@@ -214,14 +218,11 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
             continue
         ms, moved = r["forward_ms_median"], r["moved_gib_per_call"]
         floor = moved * GIB / (h2d * 1e9) * 1e3 if h2d and moved else None
-
-        def f(x, fmt):
-            return "-" if x is None else format(x, fmt)
         lines.append(
-            f"| {r['method']} | {ms:.1f} | {f(ms / resident if resident else None, '.2f')} | "
-            f"{moved:.2f} | {f(floor, '.1f')} | {f(ms / floor if floor else None, '.2f')} | "
-            f"{f(r.get('peak_allocated_gib'), '.2f')} | {f(r.get('host_rss_gib'), '.2f')} | "
-            f"{f(r.get('pinned_gib'), '.3f')} | {r['logits_equal_resident']} |")
+            f"| {r['method']} | {ms:.1f} | {_cell(ms / resident if resident else None, '.2f')} | "
+            f"{moved:.2f} | {_cell(floor, '.1f')} | {_cell(ms / floor if floor else None, '.2f')} | "
+            f"{_cell(r.get('peak_allocated_gib'), '.2f')} | {_cell(r.get('host_rss_gib'), '.2f')} | "
+            f"{_cell(r.get('pinned_gib'), '.3f')} | {r['logits_equal_resident']} |")
     return "\n".join(lines) + "\n"
 
 

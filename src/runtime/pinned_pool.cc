@@ -225,21 +225,25 @@ void PinnedPool::release(PinnedBlock block, const std::vector<Stream*>& used_on)
       return;
     }
     retired_.push_back(std::move(parked));  // Note [Exact blocks]
+    any_retired_.store(true, std::memory_order_relaxed);
   }
   free_retired(/*wait=*/false);
 }
 
 void PinnedPool::free_retired(bool wait) {
+  if (!any_retired_.load(std::memory_order_relaxed)) return;
   std::vector<Parked> candidates;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (retired_.empty()) return;
     candidates.swap(retired_);
+    any_retired_.store(false, std::memory_order_relaxed);
   }
   std::vector<Parked> busy;
   for (Parked& block : candidates) {
-    if (wait) await(block);
-    if (!wait && !ready(block)) {
+    if (wait) {
+      await(block);
+    } else if (!ready(block)) {
       busy.push_back(std::move(block));
       continue;
     }
@@ -251,6 +255,7 @@ void PinnedPool::free_retired(bool wait) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (Parked& block : busy) retired_.push_back(std::move(block));
+  if (!retired_.empty()) any_retired_.store(true, std::memory_order_relaxed);
 }
 
 void PinnedPool::trim() {

@@ -47,6 +47,7 @@
 //
 // Thread-safety: all methods may be called from any thread.
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <map>
@@ -125,6 +126,9 @@ class PinnedPool {
   mutable std::mutex mu_;
   std::map<std::size_t, std::deque<Parked>> parked_ GUARDED_BY(mu_);
   std::vector<Parked> retired_ GUARDED_BY(mu_);  // released exact blocks, not yet freed
+  // Whether retired_ may hold blocks (set under mu_): lets allocate() skip mu_ on the
+  // hot path when there are none, as there never are without exact blocks.
+  std::atomic<bool> any_retired_{false};
   std::vector<std::unique_ptr<Event>> spare_events_ GUARDED_BY(mu_);
   PinnedPoolStats stats_ GUARDED_BY(mu_);
 };

@@ -82,10 +82,12 @@ class _Block:
     """One block's host slab and layout; its device buffer while it runs."""
 
     def __init__(self, index: int, path: str, module: nn.Module, slots: list[_Slot],
-                 host: torch.Tensor):
+                 host: torch.Tensor, device: torch.device):
         self.index, self.path, self.module = index, path, module
         self.slots, self.host = slots, host
         self.params: list[nn.Parameter] = [self.parameter(s.name) for s in slots]
+        # What each parameter holds while the block is not running.
+        self.placeholders = [_placeholder(s.dtype, len(s.shape), device) for s in slots]
 
     @property
     def nbytes(self) -> int:
@@ -123,6 +125,7 @@ class LayerwiseWeights:
         # block -> (its reloaded buffer, whether the compute stream waited for the copy)
         self._prefetched: dict[int, tuple[torch.Tensor, bool]] = {}
         self._order: list[int] = []      # the block order of the last completed call
+        self._following: dict[int, int] = {}  # block -> the block after it in that order
         self._observed: list[int] = []   # this call's so far
         self._depth = 0                  # model calls in progress (re-entrant calls)
         self._hooks: list = []
@@ -131,6 +134,7 @@ class LayerwiseWeights:
         self._stats = {"reloads": 0, "prefetched": 0, "on_demand": 0, "dropped_prefetches": 0,
                        "calls": 0}
         self._snapshot(initial=True)
+        self._follow([b.index for b in self._blocks])  # until a call has run
         self._install_hooks()
         # A handle dropped without detach() leaves no copy unwaited in the runtime.
         self._finalizer = weakref.finalize(self, _wait_all, self._prefetched)
@@ -173,7 +177,7 @@ class LayerwiseWeights:
                 offset += nbytes
             if not slots:
                 made.append(_Block(index, self.blocks[index], module, [],
-                                   torch.empty(0, dtype=torch.uint8)))
+                                   torch.empty(0, dtype=torch.uint8), self.device))
                 continue
             try:
                 staging = torch.empty(offset, dtype=torch.uint8, device=self.device)
@@ -189,12 +193,12 @@ class LayerwiseWeights:
                     f"[weights] block {self.blocks[index]} ({offset / 2**20:.1f} MiB): no memory "
                     f"for its host slab or its staging copy ({e}); the model is unchanged") \
                     from None
-            made.append(_Block(index, self.blocks[index], module, slots, host))
+            made.append(_Block(index, self.blocks[index], module, slots, host, self.device))
         ops.synchronize()  # the slabs are complete before the parameters let go
         self._blocks = made
         for block in made:
-            for slot, p in zip(block.slots, block.params):
-                p.data = _placeholder(slot.dtype, len(slot.shape), self.device)
+            for p, placeholder in zip(block.params, block.placeholders):
+                p.data = placeholder
         if initial:
             self._move_the_rest()
 
@@ -237,6 +241,7 @@ class LayerwiseWeights:
             self._stats["calls"] += 1
             if self._observed:
                 self._order = self._observed
+                self._follow(self._observed)
             # The ring's handover: the compute stream waits for the next call's first
             # blocks here, so no copy stays pending between calls.
             for k, (buffer, waited) in list(self._prefetched.items()):
@@ -286,16 +291,18 @@ class LayerwiseWeights:
         if buffer is None:
             return
         block = self._blocks[index]
-        for slot, p in zip(block.slots, block.params):
-            p.data = _placeholder(slot.dtype, len(slot.shape), self.device)
+        for p, placeholder in zip(block.params, block.placeholders):
+            p.data = placeholder
         del buffer  # back to the caching allocator, in the compute stream's order
+
+    def _follow(self, order: list[int]) -> None:
+        """The order the next call prefetches along: `order` as a ring."""
+        self._following = {k: order[(position + 1) % len(order)]  # the last occurrence wins
+                           for position, k in enumerate(order)}
 
     def _next(self, index: int) -> list[int]:
         """The `prefetch` blocks predicted to run after `index`, nearest first."""
-        order = self._order or [b.index for b in self._blocks]
-        following = {}
-        for position, k in enumerate(order):  # the last occurrence's successor wins
-            following[k] = order[(position + 1) % len(order)]
+        following = self._following
         out, k = [], index
         for _ in range(len(self._blocks)):
             if len(out) == self.prefetch or k not in following:
