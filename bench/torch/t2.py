@@ -11,6 +11,9 @@ so its memory and host RSS are its own):
 
     resident                 every weight on the GPU
     spillway[:prefetch=N]    spillway.offload_weights(model, prefetch=N) (default 1)
+    spillway:budget=F        spillway.offload_weights(model, gpu_budget=F): the fraction F
+                             of the weights stays on the GPU at most (the resident-set
+                             scheduler's plan, made again after the second call)
     accelerate-cpu-offload   accelerate.cpu_offload(model, execution_device)
     diffusers-leaf           diffusers' apply_group_offloading(offload_type="leaf_level",
                              use_stream=True) on the model
@@ -25,7 +28,12 @@ after --warmup calls (CUDA events), the link floor (the bytes a call moves, the
 offloaded weights, over the H2D rate measured here with one pinned 1 GiB copy), the
 peak GPU memory allocated during a call, the process's host RSS, the pinned bytes
 spillway's slabs hold, and whether the logits are torch.equal to the resident
-model's (the resident method runs first and leaves them in --work).
+model's (the resident method runs first and leaves them in --work). With a budget,
+also the scheduler's forecast of a call and its plan, and the weights the calls held
+on the GPU: the peak allocated during the calls less the activations the resident
+model's calls needed (its peak less its weights); the bound then is max(the resident
+model's time, the bytes moved per call over the H2D rate). --batch N makes the
+compute-heavy case (N prompts of 2048 tokens).
 """
 from __future__ import annotations
 
@@ -56,7 +64,10 @@ def _parse(spec: str) -> tuple[str, dict]:
         key, eq, value = item.partition("=")
         if not eq:
             raise SystemExit(f"[t2] bad option {item!r} in {spec!r}: expected key=value")
-        options[key] = int(value) if value.isdigit() else value
+        try:
+            options[key] = int(value) if value.isdigit() else float(value)
+        except ValueError:
+            raise SystemExit(f"[t2] bad option {item!r} in {spec!r}: a number") from None
     return name, options
 
 
@@ -73,7 +84,8 @@ def _build(shape: dict, dtype):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(dtype).eval()
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, shape["vocab_size"], (1, shape["seq"]), generator=gen)
+    ids = torch.randint(0, shape["vocab_size"], (shape.get("batch", 1), shape["seq"]),
+                        generator=gen)
     return model, ids
 
 
@@ -106,8 +118,8 @@ def _apply(name: str, options: dict, model, device: str) -> tuple[object, int]:
         return None, 0
     if name == "spillway":
         import spillway
-        handle = spillway.offload_weights(model, prefetch=options.get("prefetch", 1),
-                                          device=device)
+        handle = spillway.offload_weights(model, prefetch=options.get("prefetch"),
+                                          gpu_budget=options.get("budget"), device=device)
         return handle, handle.stats()["bytes_offloaded"]
     if name == "accelerate-cpu-offload":
         import accelerate
@@ -133,7 +145,7 @@ def run_one(spec: str, args) -> dict:
     name, options = _parse(spec)
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    shape = TINY if args.tiny else T2
+    shape = dict(TINY if args.tiny else T2, batch=args.batch)
     if cuda:
         torch.backends.cudnn.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -193,6 +205,10 @@ def run_one(spec: str, args) -> dict:
     if handle is not None:
         result["spillway"] = handle.stats()
         result["pinned_gib"] = result["spillway"]["bytes_pinned"] / GIB
+        forecast = handle.forecast()
+        if forecast is not None:
+            result["forecast"] = forecast
+            result["moved_gib_per_call"] = forecast["bytes_moved"] / GIB
     return result
 
 
@@ -208,21 +224,40 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
              f"measured calls; H2D {h2d:.1f} GB/s (one pinned 1 GiB copy); link floor = bytes "
              f"moved per call / that rate." if h2d else "", "",
              "| method | forward ms | x resident | moved GiB | link floor ms | x link floor | "
+             "bound ms | x bound | forecast ms | budget GiB | weights held GiB | "
              "peak GiB | host RSS GiB | pinned GiB | logits equal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    resident = next((r["forward_ms_median"] for r in results
-                     if r.get("method") == "resident" and "error" not in r), None)
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    base = next((r for r in results if r.get("method") == "resident" and "error" not in r), {})
+    resident = base.get("forward_ms_median")
+    # The resident model's activations: its peak less its weights.
+    activations = (base["peak_allocated_gib"] - base["weights_gib"]
+                   if "peak_allocated_gib" in base else None)
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['method']} | error: {r['error'][-160:]} | | | | | | | | |")
+            lines.append(f"| {r['method']} | error: {r['error'][-160:]} |" + " |" * 13)
             continue
         ms, moved = r["forward_ms_median"], r["moved_gib_per_call"]
         floor = moved * GIB / (h2d * 1e9) * 1e3 if h2d and moved else None
+        bound = max(resident, floor or 0) if resident and floor else None
+        forecast = r.get("forecast") or {}
+        budget = forecast["budget_bytes"] / GIB if forecast else None
+        held = (r["peak_allocated_gib"] - activations
+                if forecast and activations is not None and "peak_allocated_gib" in r else None)
         lines.append(
             f"| {r['method']} | {ms:.1f} | {_cell(ms / resident if resident else None, '.2f')} | "
             f"{moved:.2f} | {_cell(floor, '.1f')} | {_cell(ms / floor if floor else None, '.2f')} | "
+            f"{_cell(bound, '.1f')} | {_cell(ms / bound if bound else None, '.2f')} | "
+            f"{_cell(forecast.get('call_ms'), '.1f')} | {_cell(budget, '.2f')} | "
+            f"{_cell(held, '.2f')} | "
             f"{_cell(r.get('peak_allocated_gib'), '.2f')} | {_cell(r.get('host_rss_gib'), '.2f')} | "
             f"{_cell(r.get('pinned_gib'), '.3f')} | {r['logits_equal_resident']} |")
+    plans = [(r["method"], r["forecast"]) for r in results if r.get("forecast")]
+    if plans:
+        lines += ["", "Plans (resident blocks, slots, strategy; forecast of each strategy, ms):", ""]
+        for method, f in plans:
+            by = ", ".join(f"{k} {v['call_ms']:.1f}" for k, v in sorted(f["candidates"].items()))
+            lines.append(f"- {method}: resident {f['resident']}, {f['slots']} slots, "
+                         f"{f['strategy']}; {by}; forecast peak {f['peak_bytes'] / GIB:.2f} GiB")
     return "\n".join(lines) + "\n"
 
 
@@ -234,6 +269,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--tiny", action="store_true", help="a 4-layer hidden-128 model")
+    parser.add_argument("--batch", type=int, default=1, help="prompts per call")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per method")
     parser.add_argument("--work", default="/tmp/spillway-t2")
     parser.add_argument("--json")
@@ -263,7 +299,7 @@ def main() -> int:
     for spec in methods:
         child = [sys.executable, __file__, "--one", spec, "--calls", str(args.calls),
                  "--warmup", str(args.warmup), "--device", args.device, "--dtype", args.dtype,
-                 "--work", args.work] + (["--tiny"] if args.tiny else [])
+                 "--work", args.work, "--batch", str(args.batch)] + (["--tiny"] if args.tiny else [])
         t0 = time.perf_counter()
         try:
             done = subprocess.run(child, env=env, capture_output=True, text=True,

@@ -20,8 +20,8 @@ void init_runtime(pybind11::module_& m);
 // spillway._C: plan_activation_offload (plan_bindings.cc).
 void init_plan(pybind11::module_& m);
 
-// spillway._C: plan_memory_budget, sweep_memory_budget, simulate_graph
-// (budget_bindings.cc).
+// spillway._C: plan_memory_budget, sweep_memory_budget, simulate_graph,
+// plan_resident_set, simulate_weight_stream (budget_bindings.cc).
 void init_budget(pybind11::module_& m);
 
 // Each edit in order, as JSON; insertions carry their node as `rewritten`'s

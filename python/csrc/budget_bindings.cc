@@ -1,6 +1,7 @@
-// Python access to the memory-budget planner (spillway/budget.h) and the
-// simulator (spillway/sim.h): a graph in as Spillway graph JSON, results out
-// as JSON text. The planner and the simulator run without the GIL.
+// Python access to the memory-budget planner (spillway/budget.h), the
+// simulator (spillway/sim.h) and the weight-stream simulator and resident-set
+// scheduler (spillway/weights.h): a graph in as Spillway graph JSON (or a
+// model's blocks as lists), results out as JSON text. The planner and the simulator run without the GIL.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bindings.h"
@@ -16,6 +18,7 @@
 #include "spillway/error.h"
 #include "spillway/graph.h"
 #include "spillway/sim.h"
+#include "spillway/weights.h"
 
 namespace py = pybind11;
 
@@ -117,9 +120,92 @@ std::string guarded(Fn&& fn) {
       py::arg("min_bytes") = std::int64_t{1} << 20, py::arg("device_profile_json") = "",     \
       py::arg("trace") = false, py::arg("svg_title") = "", py::arg("partitioner") = false
 
+
+WeightModel weight_model_of(const std::vector<std::int64_t>& block_bytes,
+                            const std::vector<std::pair<int, double>>& steps,
+                            std::int64_t fixed_bytes) {
+  WeightModel model;
+  model.block_bytes = block_bytes;
+  model.fixed_bytes = fixed_bytes;
+  for (const auto& [block, ms] : steps) model.steps.push_back({block, ms});
+  return model;
+}
+
+json forecast_json(const WeightForecast& f) {
+  return {{"call_ms", f.call_ms},         {"compute_ms", f.compute_ms},
+          {"stall_ms", f.stall_ms},       {"link_ms", f.link_ms},
+          {"bytes_moved", f.bytes_moved}, {"peak_bytes", f.peak_bytes},
+          {"resident_bytes", f.resident_bytes}};
+}
+
+ResidentStrategy strategy_of(const std::string& name) {
+  for (ResidentStrategy s : {ResidentStrategy::kBest, ResidentStrategy::kNothing,
+                             ResidentStrategy::kGreedy, ResidentStrategy::kExact}) {
+    if (to_string(s) == name) return s;
+  }
+  throw InvalidArgument("plan", "resident set: strategy must be best, nothing, greedy or exact, "
+                                "not '" + name + "'");
+}
+
 }  // namespace
 
 void init_budget(py::module_& m) {
+  m.def(
+      "plan_resident_set",
+      [](const std::vector<std::int64_t>& block_bytes,
+         const std::vector<std::pair<int, double>>& steps, std::int64_t fixed_bytes,
+         std::int64_t budget_bytes, const std::string& strategy, int min_slots, int max_slots,
+         const std::string& profile) {
+        Knobs knobs;
+        knobs.device_profile_json = profile;
+        return guarded([&] {
+          const WeightModel model = weight_model_of(block_bytes, steps, fixed_bytes);
+          ResidentSetOptions options;
+          options.budget_bytes = budget_bytes;
+          options.strategy = strategy_of(strategy);
+          options.min_slots = min_slots;
+          options.max_slots = max_slots;
+          const ResidentSetResult result = plan_resident_set(model, options, cost_of(knobs));
+          json candidates = json::object();
+          for (const auto& [name, forecast] : result.candidates) {
+            candidates[name] = forecast_json(forecast);
+          }
+          return json{{"resident", result.plan.resident},
+                      {"slots", result.plan.slots},
+                      {"strategy", result.strategy},
+                      {"forecast", forecast_json(result.forecast)},
+                      {"candidates", std::move(candidates)},
+                      {"smallest_budget", smallest_weight_budget(model, cost_of(knobs))}}
+              .dump();
+        });
+      },
+      py::arg("block_bytes"), py::arg("steps"), py::arg("fixed_bytes"), py::arg("budget_bytes"),
+      py::kw_only(), py::arg("strategy") = "best", py::arg("min_slots") = 1,
+      py::arg("max_slots") = 4, py::arg("device_profile_json") = "",
+      "Which blocks' weights stay on the device under budget_bytes, and how many buffers the "
+      "others stream through (include/spillway/weights.h). steps: the call in order, (block "
+      "index or -1, compute ms). Returns JSON text: resident (per block), slots, strategy, "
+      "forecast and candidates (per strategy run: call_ms, compute_ms, stall_ms, link_ms, "
+      "bytes_moved, peak_bytes, resident_bytes), smallest_budget. Raises ValueError for a "
+      "malformed model, a bad option, or a budget no plan fits (naming the smallest).");
+  m.def(
+      "simulate_weight_stream",
+      [](const std::vector<std::int64_t>& block_bytes,
+         const std::vector<std::pair<int, double>>& steps, std::int64_t fixed_bytes,
+         const std::vector<bool>& resident, int slots, const std::string& profile) {
+        Knobs knobs;
+        knobs.device_profile_json = profile;
+        return guarded([&] {
+          const WeightModel model = weight_model_of(block_bytes, steps, fixed_bytes);
+          return forecast_json(simulate_weight_stream(model, WeightPlan{resident, slots},
+                                                      cost_of(knobs)))
+              .dump();
+        });
+      },
+      py::arg("block_bytes"), py::arg("steps"), py::arg("fixed_bytes"), py::arg("resident"),
+      py::arg("slots"), py::kw_only(), py::arg("device_profile_json") = "",
+      "The steady-state forecast of one call under a plan (Note [Weight stream]): JSON text "
+      "with call_ms, compute_ms, stall_ms, link_ms, bytes_moved, peak_bytes, resident_bytes.");
   m.def(
       "plan_memory_budget",
       [](const std::string& graph_json, std::int64_t budget_bytes, const std::string& scope,

@@ -139,22 +139,6 @@ def budget_blocks(model: nn.Module, scope) -> list[tuple[str, nn.Module]]:
     return blocks
 
 
-def _device_profile_json(device_profile) -> str:
-    if device_profile is None:
-        return ""
-    if isinstance(device_profile, dict):
-        return json.dumps(device_profile)
-    if isinstance(device_profile, (str, os.PathLike)):
-        try:
-            with open(device_profile, encoding="utf-8") as f:
-                return f.read()
-        except OSError as e:
-            raise ValueError(f"[eager] device_profile: cannot read {str(device_profile)!r}: "
-                             f"{e.strerror}") from None
-    raise ValueError(f"[eager] device_profile must be a path to a device-profile JSON file or "
-                     f"a dict, got {eager._shown(device_profile)}")
-
-
 def _bindings():
     from spillway import _C
     missing = [f for f in ("plan_memory_budget", "simulate_graph") if not hasattr(_C, f)]
@@ -460,7 +444,7 @@ class BudgetedOffload(eager.OffloadActivations):
         self._blocks = budget_blocks(model, scope)
         self._scope = self._blocks
         self._position = {id(m): i for i, (_, m) in enumerate(self._blocks)}
-        self._profile_json = _device_profile_json(device_profile)
+        self._profile_json = _budget.device_profile_json(device_profile, "eager")
         _C = _bindings()
         try:  # reject a bad profile now, not at the second step
             _C.simulate_graph(json.dumps({"format": "spillway.graph", "version": 1, "nodes": []}),

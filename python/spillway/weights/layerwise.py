@@ -21,14 +21,18 @@ parameter two blocks share) moves to the device and stays.
 Before a block runs (a forward pre-hook) the compute stream waits for that
 block's slab, reloaded by spillway::reload into one device buffer (one H2D per
 block, on the runtime's copy stream, after the compute stream's current
-point), and its parameters become views of the buffer. Then the next
-`prefetch` blocks start their reloads. At the end of the model's call the
-compute stream waits for the copies started for the next call (the ring's
-handover), so no copy stays pending in the runtime between calls. After the block ran (a forward hook)
-its parameters are placeholders again and the buffer goes back to PyTorch's
-caching allocator on the compute stream, on which it was allocated: the
-copy that wrote it finished before the compute stream read it, so no
-record_stream is needed.
+point), and its parameters become views of the buffer. At most `slots`
+(prefetch + 1) such buffers are allocated at once: before the block runs, the
+next slots - 1 blocks start their reloads; after it ran (a forward hook) its
+parameters are placeholders again, its buffer goes back to PyTorch's caching
+allocator on the compute stream, on which it was allocated (the copy that
+wrote it finished before the compute stream read it, so no record_stream is
+needed), and one more block starts its reload. Copies started by a call's
+last blocks are the next call's first (the ring's handover); they stay
+pending between calls, so the link never idles at the boundary, and are
+waited for by the block that uses them (or by detach(), mutate_weights() and
+a dropped handle's finalizer). These are the rules the weight-stream
+simulator replays (Note [Weight stream] in src/sim/weight_stream.cc).
 
 The order prefetched is the one observed: each call of the model records the
 blocks in the order they ran, and the next call prefetches along it, as a
@@ -36,7 +40,18 @@ ring (the last block prefetches the first for the next call). Before any call
 completed it is the ModuleList's order. A block that runs out of the predicted
 order, twice, or not at all still reads exactly its own weights (a block
 whose reload was not started loads on demand); a misprediction costs time and
-at most `prefetch` buffers, which wait for their copies before being dropped.
+at most `slots` buffers, which wait for their copies before being dropped.
+
+With a gpu_budget, some blocks stay resident: their weights live in a device
+buffer of their own for good, and the stream skips them. The resident-set
+scheduler (include/spillway/weights.h, in C++) chooses them and the slot
+count: the least simulated call time whose simulated weights on the device
+(the weights outside the blocks, the resident blocks, the streamed buffers)
+fit the budget. It first plans with no compute time known (every block as if
+the link were the bottleneck); the model's second call is profiled (each
+block's compute time and the compute between blocks, from CUDA events on the
+compute stream, taken after the block's wait), and the plan is made again
+from those times before the third call. forecast() shows the plan.
 
 Training is not supported yet: autograd saves the parameters a block used, and
 its backward would read the placeholders. A forward with gradients enabled
@@ -46,12 +61,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import time
 import weakref
 
 import torch
 from torch import nn
 
-from spillway import ops
+from spillway import _budget, ops
 from spillway._device import parse_device
 from spillway._device import shown as _shown
 
@@ -114,14 +131,18 @@ class LayerwiseWeights:
     Not thread-safe: one model call at a time, as PyTorch modules themselves.
     """
 
-    def __init__(self, model: nn.Module, blocks, prefetch: int, device: torch.device):
-        self.model, self.device, self.prefetch = model, device, prefetch
+    def __init__(self, model: nn.Module, blocks, prefetch: int | None, device: torch.device,
+                 budget: tuple[str, float] | None = None, device_profile=None):
+        self.model, self.device = model, device
+        self.prefetch = 1 if prefetch is None else prefetch
+        self._slots = self.prefetch + 1  # streamed buffers allocated at once
         self._list_path, modules = _find_blocks(model, blocks)
         self.blocks: list[str] = [f"{self._list_path}.{i}" if self._list_path else str(i)
                                   for i in range(len(modules))]
         self._modules = modules
         self._blocks: list[_Block] = []
         self._live: dict[int, torch.Tensor] = {}        # block -> its waited device buffer
+        self._resident: dict[int, torch.Tensor] = {}    # block -> its buffer for good
         # block -> (its reloaded buffer, whether the compute stream waited for the copy)
         self._prefetched: dict[int, tuple[torch.Tensor, bool]] = {}
         self._order: list[int] = []      # the block order of the last completed call
@@ -133,8 +154,15 @@ class LayerwiseWeights:
         self._detached = False
         self._stats = {"reloads": 0, "prefetched": 0, "on_demand": 0, "dropped_prefetches": 0,
                        "calls": 0}
+        # The budget's planning (None without a gpu_budget): see _Planner.
+        self._planner = None if budget is None else _Planner(
+            self, budget, device_profile, fixed_slots=prefetch is not None)
+        # Planned before anything moves: a budget no plan fits leaves the model unchanged.
+        first = None if self._planner is None else self._planner.plan(steps=None)
         self._snapshot(initial=True)
         self._follow([b.index for b in self._blocks])  # until a call has run
+        if first is not None:
+            self._apply(first)
         self._install_hooks()
         # A handle dropped without detach() leaves no copy unwaited in the runtime.
         self._finalizer = weakref.finalize(self, _wait_all, self._prefetched)
@@ -232,6 +260,8 @@ class LayerwiseWeights:
     def _on_model_start(self, module, args):
         if self._depth == 0:
             self._observed = []
+            if self._planner is not None:
+                self._planner.call_starts()
         self._depth += 1
 
     @torch.compiler.disable
@@ -242,12 +272,12 @@ class LayerwiseWeights:
             if self._observed:
                 self._order = self._observed
                 self._follow(self._observed)
-            # The ring's handover: the compute stream waits for the next call's first
-            # blocks here, so no copy stays pending between calls.
-            for k, (buffer, waited) in list(self._prefetched.items()):
-                if not waited:
-                    self._prefetched[k] = (ops.wait_tensor(buffer, keepalive=self._blocks[k].host),
-                                           True)
+            # The copies started for the next call's first blocks stay pending: the
+            # blocks that use them wait for them (Note [Layer-wise weights]).
+            if self._planner is not None and not self._live:
+                plan = self._planner.call_ends()
+                if plan is not None:
+                    self._apply(plan, prime=True)
 
     def _pre_hook(self, index: int):
         @torch.compiler.disable
@@ -265,13 +295,21 @@ class LayerwiseWeights:
 
     def _bring(self, index: int) -> None:
         block = self._blocks[index]
+        self._observed.append(index)
+        profiling = self._planner is not None and self._planner.profiling
+        if profiling:
+            self._planner.mark("before", index)
+        if index in self._resident:
+            if profiling:
+                self._planner.mark("start", index)
+            return
         if torch.is_grad_enabled() and any(p.requires_grad for p in block.params):
+            self._observed.pop()
             raise RuntimeError(
                 f"[weights] {block.path} runs with gradients enabled, and its offloaded "
                 f"parameters require grad: training with offloaded weights is not supported "
                 f"yet (the backward would need the weights again). Run the model under "
                 f"torch.no_grad() or torch.inference_mode(), or call requires_grad_(False)")
-        self._observed.append(index)
         if index in self._live:  # a re-entrant call of the same block: its weights are here
             return
         buffer, waited = self._prefetched.pop(index, (None, False))
@@ -284,9 +322,13 @@ class LayerwiseWeights:
         self._live[index] = buffer
         for p, view in zip(block.params, block.views(buffer)):
             p.data = view
-        self._start_prefetches(index)
+        if profiling:
+            self._planner.mark("start", index)
+        self._fill(index)
 
     def _release(self, index: int) -> None:
+        if self._planner is not None and self._planner.profiling:
+            self._planner.mark("end", index)
         buffer = self._live.pop(index, None)
         if buffer is None:
             return
@@ -294,28 +336,38 @@ class LayerwiseWeights:
         for p, placeholder in zip(block.params, block.placeholders):
             p.data = placeholder
         del buffer  # back to the caching allocator, in the compute stream's order
+        self._fill(index)
+
+    def _streamed(self, index: int) -> bool:
+        return bool(self._blocks[index].slots) and index not in self._resident
 
     def _follow(self, order: list[int]) -> None:
-        """The order the next call prefetches along: `order` as a ring."""
-        self._following = {k: order[(position + 1) % len(order)]  # the last occurrence wins
-                           for position, k in enumerate(order)}
+        """The ring the next call prefetches along: the streamed blocks of `order`, each
+        followed by the next streamed block after its last occurrence."""
+        ring = [k for k in order if self._streamed(k)]
+        self._following = {k: ring[(position + 1) % len(ring)]
+                           for position, k in enumerate(ring)}
 
-    def _next(self, index: int) -> list[int]:
-        """The `prefetch` blocks predicted to run after `index`, nearest first."""
-        following = self._following
-        out, k = [], index
-        for _ in range(len(self._blocks)):
-            if len(out) == self.prefetch or k not in following:
+    def _wanted(self, index: int) -> list[int]:
+        """The blocks after `index` along the ring whose copies should be running: as many
+        as the slots the live blocks leave, nearest first (Note [Weight stream])."""
+        following, out, k = self._following, [], index
+        room = self._slots - len(self._live)
+        for _ in range(len(following)):
+            if len(out) >= room or k not in following:
                 break
             k = following[k]
-            if k == index or k in out:
+            if k in out:
                 break
-            if self._blocks[k].slots:
-                out.append(k)
+            if k in self._live:
+                if k == index:
+                    break
+                continue
+            out.append(k)
         return out
 
-    def _start_prefetches(self, index: int) -> None:
-        wanted = self._next(index)
+    def _fill(self, index: int) -> None:
+        wanted = self._wanted(index)
         for k in list(self._prefetched):  # mispredicted: wait for the copy, then drop
             if k not in wanted:
                 buffer, waited = self._prefetched.pop(k)
@@ -323,11 +375,35 @@ class LayerwiseWeights:
                     ops.wait_tensor(buffer, keepalive=self._blocks[k].host)
                 self._stats["dropped_prefetches"] += 1
         for k in wanted:
-            if k in self._live or k in self._prefetched:
+            if k in self._prefetched:
                 continue
             self._prefetched[k] = (ops.reload(self._blocks[k].host, self.device), False)
             self._stats["reloads"] += 1
             self._stats["prefetched"] += 1
+
+    def _apply(self, plan: dict, prime: bool = False) -> None:
+        """Makes `plan`'s blocks resident (their own device buffer, waited for) and
+        streams the others through plan['slots'] buffers. Between calls only. prime: start
+        the next call's first copies, as the last streamed block would have."""
+        self._drain()
+        for block in self._blocks:
+            keep = bool(plan["resident"][block.index]) and bool(block.slots)
+            if keep and block.index not in self._resident:
+                buffer = ops.wait_tensor(ops.reload(block.host, self.device), keepalive=block.host)
+                self._stats["reloads"] += 1
+                self._resident[block.index] = buffer
+                for p, view in zip(block.params, block.views(buffer)):
+                    p.data = view
+            elif not keep and block.index in self._resident:
+                del self._resident[block.index]
+                for p, placeholder in zip(block.params, block.placeholders):
+                    p.data = placeholder
+        self._slots = int(plan["slots"])
+        order = self._order or [b.index for b in self._blocks]
+        self._follow(order)
+        last = next((k for k in reversed(order) if self._streamed(k)), None)
+        if prime and last is not None:
+            self._fill(last)
 
     def _drain(self) -> None:
         """Waits for and drops every prefetched buffer."""
@@ -360,6 +436,8 @@ class LayerwiseWeights:
             self._mutating = False
             try:
                 self._snapshot(initial=False)
+                if self._planner is not None:  # the blocks' sizes may have changed
+                    self._apply(self._planner.plan(steps=self._planner.steps))
             except BaseException:
                 # The weights stay where the body left them, on the device; without
                 # slabs the hooks have nothing to do.
@@ -384,7 +462,9 @@ class LayerwiseWeights:
         _HANDLES.pop(self.model, None)
 
     def _restore_all(self) -> None:
-        """Each offloaded parameter gets a device tensor of its own with its value."""
+        """Each offloaded parameter gets a device tensor of its own with its value (the
+        resident blocks' buffers are let go)."""
+        self._resident.clear()
         for block in self._blocks:
             if not block.slots:
                 continue
@@ -413,19 +493,164 @@ class LayerwiseWeights:
         alignment); bytes_pinned: the pinned memory those slabs hold (pages); order: the
         block order of the last call, which the next one prefetches along; in_flight: the
         blocks whose weights are prefetched and not yet used (after a call: the ring's
-        handover to the next one, already waited for)."""
+        handover to the next one, pending); resident: the blocks whose weights stay on the
+        device (gpu_budget); slots: the streamed buffers allocated at once at most."""
         slabs = [b.nbytes for b in self._blocks if b.slots]
         return {**self._stats, "blocks": len(self._blocks),
+                "resident": sorted(self._resident), "slots": self._slots,
                 "bytes_offloaded": sum(s.nbytes for b in self._blocks for s in b.slots),
                 "bytes_host": sum(slabs),
                 "bytes_pinned": sum(-(-n // 4096) * 4096 for n in slabs),
                 "order": list(self._order), "in_flight": sorted(self._prefetched)}
 
+    def forecast(self) -> dict | None:
+        """The gpu_budget plan and what the simulator forecasts for it (None without a
+        gpu_budget): budget_bytes, resident (block indices), slots, strategy, profiled
+        (whether the compute times are measured: from the second call on), call_ms,
+        compute_ms, stall_ms, link_ms, bytes_moved, peak_bytes (the weights on the device
+        at most), resident_bytes, and candidates (each strategy's forecast)."""
+        return None if self._planner is None else self._planner.forecast()
+
     def __repr__(self) -> str:
         s = self.stats()
         return (f"LayerwiseWeights({len(self.blocks)} blocks of {self._list_path or 'the model'}, "
-                f"{s['bytes_offloaded'] / 2**20:.1f} MiB on the host, prefetch {self.prefetch}, "
+                f"{s['bytes_offloaded'] / 2**20:.1f} MiB on the host, {self._slots} slots, "
+                f"{len(self._resident)} resident, "
                 f"device {self.device}{', detached' if self._detached else ''})")
+
+
+_GRANULE = 512  # the caching allocator's rounding (the device profile's allocation_granularity)
+
+
+def _rounded(nbytes: int) -> int:
+    return -(-nbytes // _GRANULE) * _GRANULE if nbytes > 0 else 0
+
+
+class _Planner:
+    """A handle's gpu_budget plans (Note [Layer-wise weights]): the resident-set scheduler
+    (spillway._C.plan_resident_set) run on the blocks' slab sizes, the weights outside the
+    blocks, and the call's steps: none before the second call, measured by it after."""
+
+    PROFILED_CALL = 2
+
+    def __init__(self, handle: "LayerwiseWeights", budget: tuple[str, float], device_profile,
+                 fixed_slots: bool):
+        self.handle, self.spec = handle, budget
+        self.profile_json = _budget.device_profile_json(device_profile, "weights")
+        self.slots = (handle._slots, handle._slots) if fixed_slots else (1, 4)
+        self.steps: list[tuple[int, float]] | None = None  # measured by the profiled call
+        self.result: dict | None = None
+        self.budget_bytes = 0
+        self.profiling = False
+        self._calls = 0
+        self._marks: list[tuple[str, int, object]] = []
+
+    # ---- sizes ----
+
+    def _sizes(self) -> tuple[list[int], int, int]:
+        """(each block's slab bytes, the device bytes of what stays there, the device bytes
+        of everything: what a budget fraction is of), from the slabs once made, from the
+        parameters before; each tensor rounded as the caching allocator rounds it."""
+        h = self.handle
+        if h._blocks:
+            block_bytes = [b.nbytes if b.slots else 0 for b in h._blocks]
+            offloaded = {id(p) for b in h._blocks for p in b.params}
+        else:
+            block_bytes, offloaded = [], set()
+            for params in h._offloadable():
+                offset = 0
+                for _, p in params:
+                    offset = -(-offset // _ALIGN) * _ALIGN + p.numel() * p.element_size()
+                    offloaded.add(id(p))
+                block_bytes.append(offset)
+        rest = [p for p in h.model.parameters() if id(p) not in offloaded]
+        fixed = sum(_rounded(p.numel() * p.element_size()) for p in rest)
+        fixed += sum(_rounded(b.numel() * b.element_size()) for b in h.model.buffers())
+        return block_bytes, fixed, fixed + sum(_rounded(n) for n in block_bytes)
+
+    # ---- planning ----
+
+    def plan(self, steps: list[tuple[int, float]] | None) -> dict:
+        from spillway import _C
+        block_bytes, fixed, total = self._sizes()
+        self.budget_bytes = _budget.budget_bytes(self.spec, total)
+        if steps is None:  # no time known: every block as if the link were the bottleneck
+            steps = [(b, 0.0) for b in range(len(block_bytes))]
+        try:
+            result = json.loads(_C.plan_resident_set(
+                block_bytes, steps, fixed, self.budget_bytes, min_slots=self.slots[0],
+                max_slots=self.slots[1], device_profile_json=self.profile_json))
+        except ValueError as e:
+            shown = (f"{self.spec[1]:g} of {total} weight bytes" if self.spec[0] == "fraction"
+                     else f"{self.budget_bytes} bytes")
+            raise ValueError(f"[weights] gpu_budget ({shown}): {e}; the model is unchanged"
+                             if not self.handle._blocks else
+                             f"[weights] gpu_budget ({shown}): {e}") from None
+        self.result = result
+        return result
+
+    def forecast(self) -> dict | None:
+        if self.result is None:
+            return None
+        r = self.result
+        return {"budget_bytes": self.budget_bytes,
+                "resident": [i for i, keep in enumerate(r["resident"]) if keep],
+                "slots": r["slots"], "strategy": r["strategy"],
+                "profiled": self.steps is not None, **r["forecast"],
+                "candidates": r["candidates"]}
+
+    # ---- the profiled call ----
+
+    def call_starts(self) -> None:
+        self._calls += 1
+        self.profiling = self._calls == self.PROFILED_CALL and self.steps is None
+        if self.profiling:
+            self._marks = [("model", -1, self._clock())]
+
+    def mark(self, kind: str, index: int) -> None:
+        self._marks.append((kind, index, self._clock()))
+
+    def call_ends(self) -> dict | None:
+        """The plan from the profiled call's times, when this call was it."""
+        if not self.profiling:
+            return None
+        self.profiling = False
+        self._marks.append(("model", -1, self._clock()))
+        self.steps = self._steps(self._marks)
+        self._marks = []
+        return self.plan(self.steps)
+
+    def _clock(self):
+        if self.handle.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _elapsed(self, a, b) -> float:
+        if isinstance(a, float):
+            return max(0.0, (b - a) * 1e3)
+        return max(0.0, a.elapsed_time(b))
+
+    def _steps(self, marks) -> list[tuple[int, float]]:
+        """(block, ms) of each block between its start (after its wait) and its end, and
+        (-1, ms) for the compute between blocks, before the first and after the last."""
+        if not isinstance(marks[-1][2], float):
+            marks[-1][2].synchronize()
+        steps, previous, started = [], marks[0][2], {}
+        for kind, index, clock in marks[1:]:
+            if kind in ("before", "model"):
+                gap = self._elapsed(previous, clock)
+                if gap > 0:
+                    steps.append((-1, gap))
+                previous = clock
+            elif kind == "start":
+                started[index] = clock
+            elif kind == "end" and index in started:
+                steps.append((index, self._elapsed(started.pop(index), clock)))
+                previous = clock
+        return steps
+
 
 
 def _wait_all(prefetched: dict) -> None:
@@ -477,36 +702,49 @@ def _target_device(device) -> torch.device:
     return parse_device(device, "weights")
 
 
-def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int = 1,
-                    gpu_budget=None, device=None) -> LayerwiseWeights:
+def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int | None = None,
+                    gpu_budget=None, device=None, device_profile=None) -> LayerwiseWeights:
     """Keeps each block's weights in pinned host memory, bringing them to the device for
     the block's forward only (Note [Layer-wise weights]). Inference only for now.
 
     model: an nn.Module on any device (its weights may not fit the GPU: a CPU model is
     never moved whole). blocks: the path of the nn.ModuleList (or nn.Sequential) whose
     entries are the blocks; None = the model's largest nn.ModuleList. prefetch: how many
-    blocks ahead start their copy when a block starts (>= 0). gpu_budget: not supported
-    yet (every block is offloaded). device: where the model runs; None = the current
-    CUDA device; 'cpu' drives the runtime's fake copy backend (tests).
+    blocks' copies run ahead of the running block (>= 0; streamed buffers allocated at once
+    = prefetch + 1); None = 1, or with a gpu_budget the scheduler's choice (1 to 3 ahead).
+    gpu_budget: the model's weights on the device at most (the weights outside the blocks,
+    the resident blocks, the streamed buffers; activations not counted): bytes (int, or a
+    string such as '2GiB') or a fraction of the model's weights (parameters and buffers, as
+    the caching allocator rounds them: 1.0 keeps every block; 0.5, '50%'); the
+    resident-set scheduler keeps the blocks it chooses on the device (forecast()). None:
+    every block streams. device: where the model runs; None = the current CUDA device;
+    'cpu' drives the runtime's fake copy backend (tests). device_profile: the device
+    profile the scheduler plans with (a JSON path or dict, as `spillway calibrate` writes
+    it); None = the shipped H200 profile.
 
-    Raises ValueError (no blocks, bad arguments), torch.OutOfMemoryError (pinned or
-    device memory for a slab; the model is then unchanged).
+    Raises ValueError (no blocks, bad arguments, a gpu_budget below the smallest that fits:
+    the message names it), torch.OutOfMemoryError (pinned or device memory for a slab); the
+    model is then unchanged.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"[weights] model must be an nn.Module, got {type(model).__name__}")
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ValueError(f"[weights] prefetch must be an int >= 0 (blocks copied ahead), got "
-                         f"{_shown(prefetch)}")
+    if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int)
+                                 or prefetch < 0):
+        raise ValueError(f"[weights] prefetch must be an int >= 0 (blocks copied ahead) or "
+                         f"None, got {_shown(prefetch)}")
+    budget = None
     if gpu_budget is not None:
-        raise ValueError("[weights] gpu_budget is not supported yet: every block is offloaded "
-                         "(the resident-set scheduler that keeps blocks within a budget is "
-                         "still to come); pass gpu_budget=None")
+        budget = _budget.parse_memory_budget(gpu_budget, "weights", "gpu_budget",
+                                             "the model's weight bytes")
+    elif device_profile is not None:
+        raise ValueError("[weights] device_profile is for the gpu_budget's scheduler; pass a "
+                         "gpu_budget too, or leave device_profile=None")
     target = _target_device(device)
     attached = _HANDLES.get(model)
     if attached is not None and attached() is not None:
         raise ValueError(f"[weights] the model's weights are offloaded already ({attached()!r}); "
                          f"detach() that handle first")
-    handle = LayerwiseWeights(model, blocks, prefetch, target)
+    handle = LayerwiseWeights(model, blocks, prefetch, target, budget, device_profile)
     _HANDLES[model] = weakref.ref(handle)
     return handle
 
