@@ -14,6 +14,8 @@ so its memory and host RSS are its own):
     spillway:budget=F        spillway.offload_weights(model, gpu_budget=F): the fraction F
                              of the weights stays on the GPU at most (the resident-set
                              scheduler's plan, made again after the second call)
+    spillway:...,granularity=children   the same with a group per child of a block
+                             (attention, MLP, norms) instead of per block
     accelerate-cpu-offload   accelerate.cpu_offload(model, execution_device)
     diffusers-leaf           diffusers' apply_group_offloading(offload_type="leaf_level",
                              use_stream=True) on the model
@@ -67,7 +69,7 @@ def _parse(spec: str) -> tuple[str, dict]:
         try:
             options[key] = int(value) if value.isdigit() else float(value)
         except ValueError:
-            raise SystemExit(f"[t2] bad option {item!r} in {spec!r}: a number") from None
+            options[key] = value
     return name, options
 
 
@@ -119,7 +121,8 @@ def _apply(name: str, options: dict, model, device: str) -> tuple[object, int]:
     if name == "spillway":
         import spillway
         handle = spillway.offload_weights(model, prefetch=options.get("prefetch"),
-                                          gpu_budget=options.get("budget"), device=device)
+                                          gpu_budget=options.get("budget"), device=device,
+                                          granularity=options.get("granularity", "block"))
         return handle, handle.stats()["bytes_offloaded"]
     if name == "accelerate-cpu-offload":
         import accelerate

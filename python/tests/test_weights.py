@@ -561,3 +561,49 @@ def test_cuda_gpu_budget_holds_the_measured_weights_and_stays_exact():
             assert held <= budget + 4 * 2**20, (fraction, held, budget, f)
             handle.detach()
             model.cpu()
+
+
+@pytest.mark.parametrize("make", ["llama", "dit"])
+def test_children_granularity_streams_each_child_and_stays_exact(make):
+    """granularity='children': a group per direct child with parameters (and the block's
+    own), each with its slab, copy and hooks; exact over calls with blocks skipped and
+    reordered, under a budget whose plan streams groups through two slots."""
+    if make == "llama":
+        model, ids = tiny_llama(6, layers=4)
+        model.eval()
+        inputs = [((ids.roll(k, 1),), None) for k in range(5)]
+        run = lambda m, x, order: m(*x).logits  # noqa: E731
+    else:
+        model = _dit(6)
+        inputs = [(_dit_inputs(k), order) for k, order in
+                  enumerate([None, [0, 2, 4], None, [5, 4, 3, 2, 1, 0], None])]
+        run = lambda m, x, order: m(*x, order)  # noqa: E731
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, granularity="children", device="cpu")
+    groups = handle.groups
+    assert len(groups) > len(handle.blocks) and all(
+        any(g == b or g.startswith(b + ".") for b in handle.blocks) for g in groups)
+    if make == "llama":
+        assert "model.layers.0.self_attn" in groups and "model.layers.0.mlp" in groups
+    with torch.inference_mode():
+        for x, order in inputs:
+            assert torch.equal(run(model, x, order), run(resident, x, order))
+    assert handle.stats()["groups"] == len(groups)
+    assert list(model.state_dict()) == list(resident.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(handle.state_dict().values(),
+                                                   resident.state_dict().values()))
+    handle.detach()
+    # The smallest budget: one group's buffer beside the rest; the plan still exact.
+    smallest_blocks = _smallest_budget(model)
+    with pytest.raises(ValueError) as e:
+        spillway.offload_weights(model, gpu_budget=1, granularity="children", device="cpu")
+    smallest = int(str(e.value).split("any plan fits is ")[1].split(" bytes")[0])
+    assert smallest < smallest_blocks
+    handle = spillway.offload_weights(model, gpu_budget=smallest + (smallest_blocks - smallest) // 2,
+                                      granularity="children", device="cpu")
+    with torch.inference_mode():
+        for x, order in inputs:
+            assert torch.equal(run(model, x, order), run(resident, x, order))
+    f = handle.forecast()
+    assert f["profiled"] and f["peak_bytes"] <= f["budget_bytes"]
+    handle.detach()

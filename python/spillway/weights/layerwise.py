@@ -42,6 +42,12 @@ order, twice, or not at all still reads exactly its own weights (a block
 whose reload was not started loads on demand); a misprediction costs time and
 at most `slots` buffers, which wait for their copies before being dropped.
 
+With granularity='children' the unit is finer: each direct child of a block
+that holds parameters (attention, MLP) is a group with its own slab, copy and
+hooks, and the block's own parameters another; everything above then holds
+for groups. Smaller buffers let a tight budget stream through two slots
+where whole blocks fit only one.
+
 With a gpu_budget, some blocks stay resident: their weights live in a device
 buffer of their own for good, and the stream skips them. The resident-set
 scheduler (include/spillway/weights.h, in C++) chooses them and the slot
@@ -132,8 +138,9 @@ class LayerwiseWeights:
     """
 
     def __init__(self, model: nn.Module, blocks, prefetch: int | None, device: torch.device,
-                 budget: tuple[str, float] | None = None, device_profile=None):
-        self.model, self.device = model, device
+                 budget: tuple[str, float] | None = None, device_profile=None,
+                 granularity: str = "block"):
+        self.model, self.device, self.granularity = model, device, granularity
         self.prefetch = 1 if prefetch is None else prefetch
         self._slots = self.prefetch + 1  # streamed buffers allocated at once
         self._list_path, modules = _find_blocks(model, blocks)
@@ -186,17 +193,39 @@ class LayerwiseWeights:
         return [[(n, p) for n, p in params if p.numel() > 0 and uses[id(p)] == 1]
                 for params in in_blocks]
 
+    def _grouped(self) -> list[tuple[str, nn.Module, list[tuple[str, nn.Parameter]]]]:
+        """The groups, in block order: (path, the module whose forward hooks bring the
+        group's weights, its parameters named inside that module). granularity 'block':
+        one group per block. 'children': per block, its own parameters (the block's hooks)
+        and each direct child's (the child's hooks); a block whose children share a
+        parameter stays one group."""
+        out = []
+        for path, module, params in zip(self.blocks, self._modules, self._offloadable()):
+            ids = [id(p) for _, p in module.named_parameters(remove_duplicate=False)]
+            if self.granularity == "block" or len(ids) != len(set(ids)):
+                out.append((path, module, params))
+                continue
+            by_child: dict[str, list[tuple[str, nn.Parameter]]] = {}
+            for name, p in params:
+                child, dot, rest = name.partition(".")
+                by_child.setdefault(child if dot else "", []).append((rest if dot else name, p))
+            children = dict(module.named_children())
+            if "" in by_child:
+                out.append((path, module, by_child.pop("")))
+            out += [(f"{path}.{child}", children[child], ps) for child, ps in by_child.items()]
+        return out
+
     def _snapshot(self, initial: bool) -> None:
-        """Builds every block's host slab from its parameters as they are, then (all
+        """Builds every group's host slab from its parameters as they are, then (all
         slabs made) makes the parameters placeholders. Nothing changes when a slab cannot
-        be made (pinned memory exhausted): the error names the block."""
-        chosen = self._offloadable()
-        if initial and not any(chosen):
+        be made (pinned memory exhausted): the error names the group."""
+        groups = self._grouped()
+        if initial and not any(params for _, _, params in groups):
             raise ValueError(f"[weights] the blocks of {self._list_path or 'the model'} "
                              f"({len(self._modules)} modules) have no parameters of their own "
                              f"to offload")
         made: list[_Block] = []
-        for index, (module, params) in enumerate(zip(self._modules, chosen)):
+        for index, (path, module, params) in enumerate(groups):
             slots, offset = [], 0
             for name, p in params:
                 offset = -(-offset // _ALIGN) * _ALIGN
@@ -204,7 +233,7 @@ class LayerwiseWeights:
                 slots.append(_Slot(name, offset, nbytes, p.dtype, tuple(p.shape)))
                 offset += nbytes
             if not slots:
-                made.append(_Block(index, self.blocks[index], module, [],
+                made.append(_Block(index, path, module, [],
                                    torch.empty(0, dtype=torch.uint8), self.device))
                 continue
             try:
@@ -218,10 +247,11 @@ class LayerwiseWeights:
                 del staging
             except torch.OutOfMemoryError as e:
                 raise torch.OutOfMemoryError(
-                    f"[weights] block {self.blocks[index]} ({offset / 2**20:.1f} MiB): no memory "
+                    f"[weights] {'block' if self.granularity == 'block' else 'group'} {path} "
+                    f"({offset / 2**20:.1f} MiB): no memory "
                     f"for its host slab or its staging copy ({e}); the model is unchanged") \
                     from None
-            made.append(_Block(index, self.blocks[index], module, slots, host, self.device))
+            made.append(_Block(index, path, module, slots, host, self.device))
         ops.synchronize()  # the slabs are complete before the parameters let go
         self._blocks = made
         for block in made:
@@ -496,16 +526,22 @@ class LayerwiseWeights:
         handover to the next one, pending); resident: the blocks whose weights stay on the
         device (gpu_budget); slots: the streamed buffers allocated at once at most."""
         slabs = [b.nbytes for b in self._blocks if b.slots]
-        return {**self._stats, "blocks": len(self._blocks),
+        return {**self._stats, "blocks": len(self.blocks), "groups": len(self._blocks),
                 "resident": sorted(self._resident), "slots": self._slots,
                 "bytes_offloaded": sum(s.nbytes for b in self._blocks for s in b.slots),
                 "bytes_host": sum(slabs),
                 "bytes_pinned": sum(-(-n // 4096) * 4096 for n in slabs),
                 "order": list(self._order), "in_flight": sorted(self._prefetched)}
 
+    @property
+    def groups(self) -> list[str]:
+        """The module paths of the groups, each with one slab and one copy: the blocks
+        (granularity 'block'), or their children and the blocks' own parameters."""
+        return [b.path for b in self._blocks]
+
     def forecast(self) -> dict | None:
         """The gpu_budget plan and what the simulator forecasts for it (None without a
-        gpu_budget): budget_bytes, resident (block indices), slots, strategy, profiled
+        gpu_budget): budget_bytes, resident (indices into groups), slots, strategy, profiled
         (whether the compute times are measured: from the second call on), call_ms,
         compute_ms, stall_ms, link_ms, bytes_moved, peak_bytes (the weights on the device
         at most), resident_bytes, and candidates (each strategy's forecast)."""
@@ -537,7 +573,10 @@ class _Planner:
                  fixed_slots: bool):
         self.handle, self.spec = handle, budget
         self.profile_json = _budget.device_profile_json(device_profile, "weights")
-        self.slots = (handle._slots, handle._slots) if fixed_slots else (1, 4)
+        # Slot counts tried: up to 4 blocks, or 8 children (a block's small groups, its
+        # norms, take slots of their own).
+        most = 8 if handle.granularity == "children" else 4
+        self.slots = (handle._slots, handle._slots) if fixed_slots else (1, most)
         self.steps: list[tuple[int, float]] | None = None  # measured by the profiled call
         self.result: dict | None = None
         self.budget_bytes = 0
@@ -557,7 +596,7 @@ class _Planner:
             offloaded = {id(p) for b in h._blocks for p in b.params}
         else:
             block_bytes, offloaded = [], set()
-            for params in h._offloadable():
+            for _, _, params in h._grouped():
                 offset = 0
                 for _, p in params:
                     offset = -(-offset // _ALIGN) * _ALIGN + p.numel() * p.element_size()
@@ -703,7 +742,8 @@ def _target_device(device) -> torch.device:
 
 
 def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int | None = None,
-                    gpu_budget=None, device=None, device_profile=None) -> LayerwiseWeights:
+                    gpu_budget=None, device=None, device_profile=None,
+                    granularity: str = "block") -> LayerwiseWeights:
     """Keeps each block's weights in pinned host memory, bringing them to the device for
     the block's forward only (Note [Layer-wise weights]). Inference only for now.
 
@@ -720,7 +760,11 @@ def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int |
     every block streams. device: where the model runs; None = the current CUDA device;
     'cpu' drives the runtime's fake copy backend (tests). device_profile: the device
     profile the scheduler plans with (a JSON path or dict, as `spillway calibrate` writes
-    it); None = the shipped H200 profile.
+    it); None = the shipped H200 profile. granularity: 'block' (one slab and one copy per
+    block) or 'children' (one per direct child of a block with parameters, and one for
+    the block's own: smaller buffers, so a tight budget streams through more slots; only
+    for blocks that use a child's parameters inside that child's forward, as Hugging Face
+    and most transformer blocks do). prefetch, resident sets and stats then count groups.
 
     Raises ValueError (no blocks, bad arguments, a gpu_budget below the smallest that fits:
     the message names it), torch.OutOfMemoryError (pinned or device memory for a slab); the
@@ -732,6 +776,9 @@ def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int |
                                  or prefetch < 0):
         raise ValueError(f"[weights] prefetch must be an int >= 0 (blocks copied ahead) or "
                          f"None, got {_shown(prefetch)}")
+    if granularity not in ("block", "children"):
+        raise ValueError(f"[weights] granularity must be 'block' or 'children', got "
+                         f"{_shown(granularity)}")
     budget = None
     if gpu_budget is not None:
         budget = _budget.parse_memory_budget(gpu_budget, "weights", "gpu_budget",
@@ -744,7 +791,8 @@ def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int |
     if attached is not None and attached() is not None:
         raise ValueError(f"[weights] the model's weights are offloaded already ({attached()!r}); "
                          f"detach() that handle first")
-    handle = LayerwiseWeights(model, blocks, prefetch, target, budget, device_profile)
+    handle = LayerwiseWeights(model, blocks, prefetch, target, budget, device_profile,
+                              granularity)
     _HANDLES[model] = weakref.ref(handle)
     return handle
 
