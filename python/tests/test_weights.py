@@ -607,3 +607,29 @@ def test_children_granularity_streams_each_child_and_stays_exact(make):
     f = handle.forecast()
     assert f["profiled"] and f["peak_bytes"] <= f["budget_bytes"]
     handle.detach()
+
+
+def test_five_hundred_calls_keep_pinned_memory_and_buffers_flat():
+    """Over 500 calls under a budget (the plan made again after the second) nothing
+    grows: the pool's pinned bytes and allocations, the copies in flight, the groups
+    resident; every 50th call is checked against the resident model."""
+    model, ids = tiny_llama(8, layers=4, hidden=64, intermediate=128, heads=4, kv_heads=2,
+                            vocab=128, batch=1, seq=16)
+    model.eval()
+    resident = copy.deepcopy(model)
+    _settled_pinned_bytes()  # earlier tests' dropped handles freed before counting starts
+    handle = spillway.offload_weights(model, gpu_budget=0.7, granularity="children",
+                                      device="cpu")
+    seen = []
+    with torch.inference_mode():
+        for k in range(500):
+            out = model(ids).logits
+            if k % 50 == 0:
+                assert torch.equal(out, resident(ids).logits), k
+            if k >= 3:
+                s, pool = handle.stats(), ops.pool_stats("cpu")
+                seen.append((pool["bytes_pinned"], pool["pinned_allocations"],
+                             len(s["in_flight"]), tuple(s["resident"])))
+    assert len(set(seen)) == 1, set(seen)
+    assert handle.stats()["calls"] == 500
+    handle.detach()
