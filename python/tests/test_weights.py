@@ -256,6 +256,12 @@ def test_a_block_compiled_with_torch_compile_is_never_recompiled_by_the_offload(
     torch._dynamo.reset()
 
 
+def handle_live(model) -> list:
+    """The groups whose weights the model's handle holds on the device right now."""
+    from spillway.weights.layerwise import _HANDLES
+    return list(_HANDLES[model]()._live)
+
+
 def test_a_forward_with_gradients_through_offloaded_weights_is_refused_and_changes_nothing():
     model = _dit(6)
     resident = copy.deepcopy(model)
@@ -270,6 +276,14 @@ def test_a_forward_with_gradients_through_offloaded_weights_is_refused_and_chang
     model.requires_grad_(False)
     resident.requires_grad_(False)  # the same kernels (nn.MultiheadAttention's fast path)
     assert torch.equal(model(x, t), resident(x, t))
+    # Frozen weights but an input that requires grad: autograd records the block and its
+    # backward would read the weights after they left; refused after the block, its
+    # weights let go, and the next call is exact.
+    with pytest.raises(RuntimeError, match=r"^\[weights\] blocks\.0 ran with autograd recording"):
+        model(x.requires_grad_(True), t)
+    assert _offloaded(model.blocks[0]) and not handle_live(model)
+    with torch.no_grad():
+        assert torch.equal(model(x, t), resident(x, t))
 
 
 def test_exhausted_pinned_memory_names_the_block_and_leaves_the_model_as_it_was():

@@ -320,7 +320,15 @@ class LayerwiseWeights:
         @torch.compiler.disable
         def hook(module, args, output):
             if not self._mutating:
+                streamed = index in self._live
                 self._release(index)
+                if streamed and torch.is_grad_enabled() and _records_grad(output):
+                    raise RuntimeError(
+                        f"[weights] {self._blocks[index].path} ran with autograd recording "
+                        f"(its inputs require grad, though its weights do not): its backward "
+                        f"would need the offloaded weights again, and training through "
+                        f"offloaded weights is not supported yet. Run the model under "
+                        f"torch.no_grad() or torch.inference_mode()")
         return hook
 
     def _bring(self, index: int) -> None:
@@ -690,6 +698,12 @@ class _Planner:
                 previous = clock
         return steps
 
+
+
+def _records_grad(output) -> bool:
+    """Whether autograd recorded the op that made any tensor of `output`."""
+    from torch.utils._pytree import tree_leaves
+    return any(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in tree_leaves(output))
 
 
 def _wait_all(prefetched: dict) -> None:
