@@ -74,9 +74,9 @@ void check(const WeightModel& model, const WeightPlan& plan) {
   if (plan.slots < 1) bad("weight plan: slots must be >= 1, got " + std::to_string(plan.slots));
 }
 
-class Replay {
+class WeightReplay {
  public:
-  Replay(const WeightModel& model, const WeightPlan& plan, const CostModel& cost)
+  WeightReplay(const WeightModel& model, const WeightPlan& plan, const CostModel& cost)
       : model_(model), plan_(plan), cost_(cost) {
     std::vector<int> ring;
     for (const WeightStep& step : model.steps) {
@@ -203,7 +203,7 @@ class Replay {
 WeightForecast simulate_weight_stream(const WeightModel& model, const WeightPlan& plan,
                                       const CostModel& cost) {
   check(model, plan);
-  Replay replay(model, plan, cost);
+  WeightReplay replay(model, plan, cost);
   replay.call();
   replay.call();
   const double clock = replay.compute_clock(), stall = replay.stall(), link = replay.link();
