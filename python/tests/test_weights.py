@@ -262,28 +262,92 @@ def handle_live(model) -> list:
     return list(_HANDLES[model]()._live)
 
 
-def test_a_forward_with_gradients_through_offloaded_weights_is_refused_and_changes_nothing():
+def test_a_block_called_alone_with_gradients_is_refused_and_changes_nothing():
+    """Only a call of the model brings weights back for backward (Note [Weights in
+    backward]): a block called on its own with autograd recording is refused, before it
+    runs when its weights require grad, after it ran (its weights let go) when only its
+    input does."""
     model = _dit(6)
     resident = copy.deepcopy(model)
     spillway.offload_weights(model, device="cpu")
     x, t = _dit_inputs(0)
-    with pytest.raises(RuntimeError, match=r"^\[weights\] blocks\.0 runs with gradients enabled"
-                                           r".*not supported yet"):
-        model(x, t)
+    h, c = torch.randn(2, 16, 64), torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match=r"^\[weights\] blocks\.0 runs with gradients enabled "
+                                           r"outside a call of the model"):
+        model.blocks[0](h, c)
     assert _offloaded(model.blocks[0])  # still placeholders
-    with torch.no_grad():
-        assert torch.equal(model(x, t), resident(x, t))
     model.requires_grad_(False)
-    resident.requires_grad_(False)  # the same kernels (nn.MultiheadAttention's fast path)
-    assert torch.equal(model(x, t), resident(x, t))
-    # Frozen weights but an input that requires grad: autograd records the block and its
-    # backward would read the weights after they left; refused after the block, its
-    # weights let go, and the next call is exact.
-    with pytest.raises(RuntimeError, match=r"^\[weights\] blocks\.0 ran with autograd recording"):
-        model(x.requires_grad_(True), t)
+    resident.requires_grad_(False)
+    with pytest.raises(RuntimeError, match=r"^\[weights\] blocks\.0 ran with autograd recording "
+                                           r"outside a call of the model"):
+        model.blocks[0](h.requires_grad_(True), c)
     assert _offloaded(model.blocks[0]) and not handle_live(model)
     with torch.no_grad():
         assert torch.equal(model(x, t), resident(x, t))
+
+
+def _sgd_inside(handle, models, lr=0.1):
+    """One SGD step of every model's parameters, the offloaded one inside mutate_weights."""
+    with handle.mutate_weights(), torch.no_grad():
+        for m in models:
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-lr)
+                    p.grad = None
+
+
+@pytest.mark.parametrize("options", [{}, {"prefetch": 0}, {"granularity": "children"},
+                                     {"gpu_budget": 0.6}])
+def test_training_gradients_equal_the_resident_models_bit_for_bit(options):
+    """Loss and every gradient torch.equal to the resident model's on every step, the
+    first included, with an SGD step between (inside mutate_weights); the weights come
+    back in backward in reverse order, one group ahead."""
+    model, ids = tiny_llama(13, layers=4)
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, device="cpu", **options)
+    for step in range(4):
+        got, want = model(ids, labels=ids), resident(ids, labels=ids)
+        assert torch.equal(got.loss, want.loss), step
+        # What autograd saved of the streamed weights are references: no buffer stays.
+        assert not handle_live(model)
+        got.loss.backward()
+        want.loss.backward()
+        for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+            assert p.grad is not None and torch.equal(p.grad, q.grad), (step, name)
+            assert p.grad.shape == q.shape
+        # After backward every streamed weight is a placeholder again, nothing held.
+        b = handle._backward
+        assert not b.back and not b.ahead
+        streamed = [g for g in range(len(handle.groups)) if g not in handle.stats()["resident"]]
+        assert all(p.numel() == 0 for g in streamed for p in handle._blocks[g].params)
+        _sgd_inside(handle, (model, resident))
+    s = handle.stats()
+    assert s["backward_reloads"] > 0
+    # In reverse order one group ahead: only the first group of each backward on demand.
+    assert s["backward_on_demand"] <= 4 * (1 if options.get("granularity") != "children" else 4)
+    handle.detach()
+    for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_frozen_offloaded_weights_pass_gradients_to_the_input_and_an_adapter():
+    """LoRA-style fine-tuning: the blocks' weights frozen and offloaded, a trainable
+    adapter outside them; the input's and the adapter's gradients are the resident
+    model's."""
+    model = _dit(14)
+    model.requires_grad_(False)
+    model.out.requires_grad_(True)  # the adapter: resident, trainable
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, device="cpu")
+    for k in range(3):
+        x, t = _dit_inputs(k)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        model(xa, t).square().mean().backward()
+        resident(xb, t).square().mean().backward()
+        assert torch.equal(xa.grad, xb.grad), k
+        assert torch.equal(model.out.weight.grad, resident.out.weight.grad), k
+        model.out.weight.grad = resident.out.weight.grad = None
+    assert handle.stats()["backward_reloads"] > 0
 
 
 def test_exhausted_pinned_memory_names_the_block_and_leaves_the_model_as_it_was():
@@ -430,6 +494,47 @@ def test_cuda_a_cpu_llama_runs_on_the_gpu_block_by_block_bit_exactly():
         assert peak < 4 * block + 64 * 2**20, (peak, block)
         assert handle.stats()["on_demand"] == 1
         handle.detach()
+
+
+@needs_cuda
+def test_cuda_training_through_offloaded_weights_is_bit_exact_and_holds_few_blocks():
+    """A CPU-built fp32 Llama trained on the GPU with its blocks offloaded: loss and every
+    gradient torch.equal to the resident model's on every step (an SGD step between, inside
+    mutate_weights), and the step's peak above the resident step's (whose weights were
+    already allocated) is a few blocks of weights, not all eight."""
+    with deterministic_cuda():
+        model, ids = tiny_llama(15, layers=8, hidden=512, intermediate=1408, heads=8,
+                                kv_heads=4, vocab=1024, batch=2, seq=128)
+        resident = copy.deepcopy(model).cuda()
+        ids = ids.cuda()
+        block_bytes = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+        handle = spillway.offload_weights(model)
+
+        def step_peak(m, batch):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            out = m(batch, labels=ids)
+            out.loss.backward()
+            torch.cuda.synchronize()
+            return out.loss, torch.cuda.max_memory_allocated() - base
+
+        for step in range(3):
+            batch = ids.roll(step, 1)
+            want, resident_peak = step_peak(resident, batch)  # its weights are in its base
+            got, peak = step_peak(model, batch)
+            assert torch.equal(got, want), step
+            for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+                assert torch.equal(p.grad, q.grad), (step, name)
+            # Above what the resident step needs besides its weights: a few blocks.
+            assert peak < resident_peak + 4 * block_bytes + 16 * 2**20, (
+                step, peak, resident_peak, block_bytes)
+            _sgd_inside(handle, (model, resident))
+        s = handle.stats()
+        assert s["backward_reloads"] >= 3 * 8 and s["backward_on_demand"] <= 3
+        handle.detach()
+        for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+            assert torch.equal(p, q), name
 
 
 # ---- gpu_budget: the resident-set scheduler (include/spillway/weights.h) ----------------

@@ -59,9 +59,11 @@ block's compute time and the compute between blocks, from CUDA events on the
 compute stream, taken after the block's wait), and the plan is made again
 from those times before the third call. forecast() shows the plan.
 
-Training is not supported yet: autograd saves the parameters a block used, and
-its backward would read the placeholders. A forward with gradients enabled
-through an offloaded parameter that requires grad raises before the block runs.
+Training: a call of the model with autograd recording saves references to the
+streamed weights instead of the weights, and backward brings them back, group
+by group in reverse order (Note [Weights in backward] in _training.py); the
+gradients are those of the resident model, bit for bit. The optimizer step
+runs inside mutate_weights().
 """
 from __future__ import annotations
 
@@ -77,6 +79,7 @@ from torch import nn
 from spillway import _budget, ops
 from spillway._device import parse_device
 from spillway._device import shown as _shown
+from spillway.weights._training import Backward
 
 _ALIGN = 256  # bytes; every parameter's offset in its slab is a multiple of this
 
@@ -160,7 +163,8 @@ class LayerwiseWeights:
         self._mutating = False
         self._detached = False
         self._stats = {"reloads": 0, "prefetched": 0, "on_demand": 0, "dropped_prefetches": 0,
-                       "calls": 0}
+                       "calls": 0, "backward_reloads": 0, "backward_on_demand": 0}
+        self._backward = Backward(self)  # Note [Weights in backward]
         # The budget's planning (None without a gpu_budget): see _Planner.
         self._planner = None if budget is None else _Planner(
             self, budget, device_profile, fixed_slots=prefetch is not None)
@@ -292,12 +296,15 @@ class LayerwiseWeights:
             self._observed = []
             if self._planner is not None:
                 self._planner.call_starts()
+            if not self._mutating:
+                self._backward.call_starts()
         self._depth += 1
 
     @torch.compiler.disable
     def _on_model_end(self, module, args, output):
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
+            self._backward.call_ends()
             self._stats["calls"] += 1
             if self._observed:
                 self._order = self._observed
@@ -322,13 +329,14 @@ class LayerwiseWeights:
             if not self._mutating:
                 streamed = index in self._live
                 self._release(index)
-                if streamed and torch.is_grad_enabled() and _records_grad(output):
+                if (streamed and torch.is_grad_enabled() and not self._backward.recording
+                        and _records_grad(output)):
                     raise RuntimeError(
                         f"[weights] {self._blocks[index].path} ran with autograd recording "
-                        f"(its inputs require grad, though its weights do not): its backward "
-                        f"would need the offloaded weights again, and training through "
-                        f"offloaded weights is not supported yet. Run the model under "
-                        f"torch.no_grad() or torch.inference_mode()")
+                        f"outside a call of the model: its backward would need the offloaded "
+                        f"weights again, which only a call of the model arranges (Note "
+                        f"[Weights in backward]). Call the model, or run the block under "
+                        f"torch.no_grad()")
         return hook
 
     def _bring(self, index: int) -> None:
@@ -341,13 +349,14 @@ class LayerwiseWeights:
             if profiling:
                 self._planner.mark("start", index)
             return
-        if torch.is_grad_enabled() and any(p.requires_grad for p in block.params):
+        if (torch.is_grad_enabled() and not self._backward.recording
+                and any(p.requires_grad for p in block.params)):
             self._observed.pop()
             raise RuntimeError(
-                f"[weights] {block.path} runs with gradients enabled, and its offloaded "
-                f"parameters require grad: training with offloaded weights is not supported "
-                f"yet (the backward would need the weights again). Run the model under "
-                f"torch.no_grad() or torch.inference_mode(), or call requires_grad_(False)")
+                f"[weights] {block.path} runs with gradients enabled outside a call of the "
+                f"model, and its offloaded parameters require grad: only a call of the model "
+                f"brings them back for backward (Note [Weights in backward]). Call the model, "
+                f"or run the block under torch.no_grad()")
         if index in self._live:  # a re-entrant call of the same block: its weights are here
             return
         buffer, waited = self._prefetched.pop(index, (None, False))
@@ -360,6 +369,8 @@ class LayerwiseWeights:
         self._live[index] = buffer
         for p, view in zip(block.params, block.views(buffer)):
             p.data = view
+        if self._backward.recording:
+            self._backward.brought(index, buffer)
         if profiling:
             self._planner.mark("start", index)
         self._fill(index)
@@ -373,6 +384,7 @@ class LayerwiseWeights:
         block = self._blocks[index]
         for p, placeholder in zip(block.params, block.placeholders):
             p.data = placeholder
+        self._backward.released(buffer)
         del buffer  # back to the caching allocator, in the compute stream's order
         self._fill(index)
 
@@ -494,6 +506,7 @@ class LayerwiseWeights:
         return self.model
 
     def _remove_hooks(self) -> None:
+        self._backward.remove()
         for hook in self._hooks:
             hook.remove()
         self._hooks, self._blocks, self._detached = [], [], True
@@ -759,7 +772,8 @@ def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int |
                     gpu_budget=None, device=None, device_profile=None,
                     granularity: str = "block") -> LayerwiseWeights:
     """Keeps each block's weights in pinned host memory, bringing them to the device for
-    the block's forward only (Note [Layer-wise weights]). Inference only for now.
+    the block's forward only (Note [Layer-wise weights]). Training: gradients come back
+    through backward (Note [Weights in backward]); step the optimizer inside mutate_weights().
 
     model: an nn.Module on any device (its weights may not fit the GPU: a CPU model is
     never moved whole). blocks: the path of the nn.ModuleList (or nn.Sequential) whose
