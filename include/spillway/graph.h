@@ -154,7 +154,9 @@ struct Arg {
 };
 
 enum class NodeKind { kPlaceholder, kCallFunction, kCallMethod, kCallModule, kGetAttr, kOutput };
-enum class Phase { kForward, kBackward };
+// kOptimizer (appended): an op of the optimizer step, after backward, in a
+// recorded trace (python/spillway/trace); planners of joint graphs never see it.
+enum class Phase { kForward, kBackward, kOptimizer };
 
 std::string_view to_string(NodeKind kind);
 std::string_view to_string(Phase phase);

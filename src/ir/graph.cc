@@ -41,7 +41,15 @@ std::string_view to_string(NodeKind kind) {
 }
 
 std::string_view to_string(Phase phase) {
-  return phase == Phase::kForward ? "forward" : "backward";
+  switch (phase) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kOptimizer:
+      return "optimizer";
+  }
+  return "unknown";
 }
 
 std::optional<NodeKind> parse_node_kind(std::string_view text) {
@@ -54,6 +62,7 @@ std::optional<NodeKind> parse_node_kind(std::string_view text) {
 std::optional<Phase> parse_phase(std::string_view text) {
   if (text == "forward") return Phase::kForward;
   if (text == "backward") return Phase::kBackward;
+  if (text == "optimizer") return Phase::kOptimizer;
   return std::nullopt;
 }
 

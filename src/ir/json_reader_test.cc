@@ -263,6 +263,15 @@ TEST(JsonReader, RejectsUnknownKindAndPhase) {
             "[graph] node 2 (mm_1): field 'phase': unknown phase 'sideways'");
 }
 
+TEST(JsonReader, ReadsAndWritesTheOptimizerPhase) {
+  Json doc = base_document();
+  doc["nodes"][2]["phase"] = "optimizer";
+  const Graph graph = parse_graph(doc.dump());
+  EXPECT_EQ(graph.nodes[2].phase, Phase::kOptimizer);
+  EXPECT_EQ(to_string(Phase::kOptimizer), "optimizer");
+  EXPECT_EQ(parse_graph(write_graph(graph)), graph);
+}
+
 TEST(JsonReader, RejectsDanglingReferences) {
   EXPECT_EQ(error_after_set("/nodes/2/args/0", R"({"node": 99})"),
             "[graph] node 2 (mm_1): field 'args[0]' refers to unknown node 99");

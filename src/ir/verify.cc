@@ -20,7 +20,9 @@ using ir::FieldPath;
 bool is_declared(NodeKind kind) {
   return kind >= NodeKind::kPlaceholder && kind <= NodeKind::kOutput;
 }
-bool is_declared(Phase phase) { return phase == Phase::kForward || phase == Phase::kBackward; }
+bool is_declared(Phase phase) {
+  return phase == Phase::kForward || phase == Phase::kBackward || phase == Phase::kOptimizer;
+}
 
 std::string single_quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
 

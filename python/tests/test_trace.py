@@ -1,0 +1,214 @@
+"""spillway.trace: one step recorded op by op (Note [The op recorder] in
+python/spillway/trace/_recorder.py).
+
+A recorded step is a Spillway graph the C++ loader, the simulator and the CLI read;
+recording changes nothing the program computes; storage identities follow views,
+in-place writes, frees and reused addresses; opaque regions are one node each way.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+import torch
+
+import spillway.trace
+from spillway import _C
+from _models import tiny_llama
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _adamw_step(model, optimizer, ids):
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.detach()
+
+
+@pytest.fixture(scope="module")
+def llama_step():
+    """A 2-layer Llama with AdamW: the second step, recorded (the first made the state)."""
+    model, ids = tiny_llama(1, layers=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _adamw_step(model, optimizer, ids)
+    with spillway.trace.record(model, optimizer) as recording:
+        _adamw_step(model, optimizer, ids)
+    return model, optimizer, recording.trace
+
+
+def test_a_recorded_training_step_is_a_graph_in_three_phases(llama_step):
+    model, optimizer, trace = llama_step
+    nodes = trace.graph["nodes"]
+    ops = [n for n in nodes if n["kind"] == "call_function"]
+    # Forward, then backward, then the optimizer: each phase one contiguous run.
+    runs = [phase for phase, _ in itertools_groupby(n["phase"] for n in ops)]
+    assert runs == ["forward", "backward", "optimizer"], runs
+    # Every parameter and every AdamW state is a placeholder named for what it is.
+    placeholders = {n["name"]: n["target"] for n in nodes if n["kind"] == "placeholder"}
+    for name, _ in model.named_parameters():
+        assert placeholders.get(name) == "parameter", name
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert placeholders.get(f"optimizer.{name}.{key}") == "optimizer_state", (name, key)
+    # The forward's linear layers: 7 per layer and the head, under their modules.
+    matmuls = [n for n in ops if n["phase"] == "forward" and n["target"] in (
+        "aten.mm.default", "aten.addmm.default", "aten.bmm.default")]
+    assert len(matmuls) == 2 * 7 + 1
+    stacks = {m for n in ops for m in n["module_stack"]}
+    assert {"model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj",
+            "lm_head"} <= stacks
+    assert all(not n["module_stack"] for n in ops if n["phase"] != "forward")
+    # Times measured for every op.
+    assert all(n.get("time_ms", -1) >= 0 for n in ops)
+    # The optimizer writes every parameter in place: an op of the optimizer phase
+    # produces a value in each parameter's storage.
+    storage_of = {n["name"]: n["value"]["storage"] for n in nodes if n["kind"] == "placeholder"}
+    written = {n["value"].get("storage") for n in ops if n["phase"] == "optimizer"}
+    assert all(storage_of[name] in written for name, _ in model.named_parameters())
+
+
+def itertools_groupby(values):
+    import itertools
+    return itertools.groupby(values)
+
+
+def test_the_simulator_and_the_loader_read_a_recorded_step(llama_step, tmp_path):
+    _, _, trace = llama_step
+    result = json.loads(_C.simulate_graph(json.dumps(trace.graph)))
+    assert result["step_ms"] > 0 and result["peak_bytes"] > 0
+    # The peak holds the parameters and the AdamW state (placeholders live through the
+    # step) plus what backward needs.
+    held = sum(s.bytes for s in trace.storages.values() if s.created_at < 0)
+    assert result["peak_bytes"] >= held
+    path = tmp_path / "step.json.zst"
+    spillway.trace.save(trace, path)
+    assert spillway.trace.load(path) == trace.graph
+    cli = pathlib.Path(os.environ.get("SPILLWAY_CLI") or REPO / "build/release/src/cli/spillway")
+    if not cli.exists():
+        pytest.fail(f"the spillway command is not built at {cli}: run scripts/test")
+    run = subprocess.run([cli, "simulate", path], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "optimizer" in run.stdout or "backward" in run.stdout, run.stdout
+
+
+def test_recording_changes_nothing_the_step_computes():
+    """Loss, gradients, parameters and AdamW state after recorded steps torch.equal to
+    the same steps unrecorded."""
+    model, ids = tiny_llama(2, layers=2)
+    twin = copy.deepcopy(model)
+    opt_a = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt_b = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    for step in range(3):
+        if step == 1:
+            with spillway.trace.record(model, opt_a):
+                loss_a = _adamw_step(model, opt_a, ids)
+        else:
+            loss_a = _adamw_step(model, opt_a, ids)
+        loss_b = _adamw_step(twin, opt_b, ids)
+        assert torch.equal(loss_a, loss_b), step
+    for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
+        assert torch.equal(p, q), name
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt_a.state[p][key], opt_b.state[q][key]), (name, key)
+
+
+def test_storage_ids_follow_views_writes_frees_and_reused_addresses():
+    with spillway.trace.record() as recording:
+        a = torch.randn(4096)
+        b = a.view(64, 64)
+        a.add_(1)
+        c = b.t().contiguous()
+        del a, b
+        d = torch.empty(4096)  # the allocator may hand a's memory out again
+        d.copy_(c.flatten())
+    trace = recording.trace
+    nodes = {n["name"]: n for n in trace.graph["nodes"]}
+    a_id = nodes["randn"]["value"]["storage"]
+    assert nodes["view"]["value"]["storage"] == a_id
+    assert nodes["add_"]["value"]["storage"] == a_id
+    # add_ reads the view's base: its arg names the node that made that exact tensor.
+    assert nodes["add_"]["args"][0] == {"node": nodes["randn"]["id"]}
+    assert nodes["t"]["args"][0] == {"node": nodes["view"]["id"]}
+    d_id = nodes["empty"]["value"]["storage"]
+    assert d_id != a_id
+    assert trace.storages[a_id].bytes == 4096 * 4
+    # a's storage was freed after the last op that used it (clone's read), before empty.
+    freed = trace.storages[a_id].freed_at
+    assert freed is not None and freed < nodes["empty"]["id"]
+    assert trace.storages[a_id].created_at == nodes["randn"]["id"]
+    # c and d are alive at the end: retained, and the output node reads them.
+    assert d_id in trace.retained and nodes["clone"]["value"]["storage"] in trace.retained
+    output = trace.graph["nodes"][-1]
+    assert output["kind"] == "output"
+    read = {trace.graph["nodes"][arg["node"]]["value"]["storage"] for arg in output["args"][0]}
+    assert d_id in read
+    json.loads(_C.simulate_graph(json.dumps(trace.graph)))  # loads and simulates
+
+
+def test_an_opaque_region_is_one_node_each_way_and_exact():
+    @spillway.trace.opaque
+    def gated(x, w):
+        h = x @ w
+        return torch.nn.functional.silu(h) * h
+
+    w = torch.randn(32, 32, requires_grad=True)
+    x = torch.randn(8, 32, requires_grad=True)
+    with spillway.trace.record() as recording:
+        y = gated(x, w)
+        y.sum().backward()
+    grads = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    h = x @ w
+    (torch.nn.functional.silu(h) * h).sum().backward()
+    assert torch.equal(grads[0], x.grad) and torch.equal(grads[1], w.grad)
+    nodes = recording.trace.graph["nodes"]
+    targets = [n["target"] for n in nodes if n["kind"] == "call_function"]
+    assert targets.count("spillway.opaque.gated") == 1
+    assert targets.count("spillway.opaque.gated.backward") == 1
+    assert "aten.mm.default" not in targets and "aten.silu.default" not in targets
+    forward = next(n for n in nodes if n["target"] == "spillway.opaque.gated")
+    backward = next(n for n in nodes if n["target"] == "spillway.opaque.gated.backward")
+    assert forward["phase"] == "forward" and backward["phase"] == "backward"
+    assert len(forward["args"][0]) == 2  # reads x and w
+    assert len(backward["value"]["elements"]) == 2  # makes both gradients
+    # Outside a recording the region is the function itself.
+    assert torch.equal(gated(x, w), y)
+
+
+def test_gradient_accumulation_interleaves_phases():
+    model, ids = tiny_llama(3, layers=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with spillway.trace.record(model, optimizer) as recording:
+        for k in range(2):
+            model(ids.roll(k, 1), labels=ids).loss.backward()
+        optimizer.step()
+    ops = [n for n in recording.trace.graph["nodes"] if n["kind"] == "call_function"]
+    runs = [phase for phase, _ in itertools_groupby(n["phase"] for n in ops)]
+    assert runs == ["forward", "backward", "forward", "backward", "optimizer"], runs
+    # The gradients made in the step are retained, named on the output node.
+    assert recording.trace.graph["nodes"][-1]["kind"] == "output"
+
+
+def test_bad_use_is_a_clear_error():
+    with spillway.trace.record():
+        with pytest.raises(RuntimeError, match=r"^\[trace\] a recording is already in progress"):
+            with spillway.trace.record():
+                pass
+    with pytest.raises(TypeError, match=r"^\[trace\] save needs a Trace or a Spillway graph"):
+        spillway.trace.save({"nodes": []}, "/tmp/never.json")
+
+
+def test_phases_of_the_recorded_graph_count_every_op(llama_step):
+    _, _, trace = llama_step
+    counts = collections.Counter(n["phase"] for n in trace.graph["nodes"]
+                                 if n["kind"] == "call_function")
+    assert int(trace.graph["metadata"]["ops"]) == sum(counts.values())
+    # AdamW (foreach on CPU is off by default for CPU tensors: per-parameter ops).
+    assert counts["optimizer"] > counts["forward"] / 2
