@@ -17,8 +17,9 @@
 
 The submodules load lazily (importing spillway alone stays cheap and does not
 import torch): spillway.activations (eager.py, compiled.py: activation
-offload), spillway.weights (layerwise.py: weight offload), spillway.ops (the
-custom ops), spillway.fx_export (the FX graph exporter).
+offload), spillway.weights (layerwise.py: weight offload), spillway.trace (a
+step recorded op by op: trace and replay), spillway.ops (the custom ops),
+spillway.fx_export (the FX graph exporter).
 """
 
 __version__ = "0.1.0"
@@ -36,4 +37,7 @@ def __getattr__(name):
     if name == "offload_weights":
         from spillway.weights.layerwise import offload_weights
         return offload_weights
+    if name == "trace":
+        import importlib
+        return importlib.import_module("spillway.trace")
     raise AttributeError(f"module 'spillway' has no attribute {name!r}")
