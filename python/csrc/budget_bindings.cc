@@ -14,9 +14,11 @@
 
 #include "bindings.h"
 #include "cli/budget_report.h"
+#include "cli/residency_report.h"
 #include "spillway/budget.h"
 #include "spillway/error.h"
 #include "spillway/graph.h"
+#include "spillway/residency.h"
 #include "spillway/sim.h"
 #include "spillway/weights.h"
 
@@ -273,6 +275,41 @@ void init_budget(py::module_& m) {
       "forecast or a larger forecast peak); budgets below the smallest reachable peak are left "
       "out. Empty budgets: ten between the smallest reachable peak and the graph's own. Returns "
       "a JSON list of plan_memory_budget's objects without edit_list.");
+  m.def(
+      "plan_residency",
+      [](const std::string& graph_json, const std::string& budget, const std::string& profile,
+         std::int64_t min_bytes, const std::string& strategy, bool live_bytes) {
+        Knobs knobs;
+        knobs.device_profile_json = profile;
+        return guarded([&] {
+          const Graph graph = parse_graph(graph_json);
+          const CostModel cost = cost_of(knobs);
+          const ResidencyModel model = residency_model(graph, cost);
+          ResidencyOptions options;
+          options.min_bytes = min_bytes;
+          if (strategy == "exact") {
+            options.strategy = ResidencyStrategy::kExact;
+          } else if (strategy != "greedy") {
+            throw InvalidArgument("residency", "strategy must be 'greedy' or 'exact', got '" + strategy + "'");
+          }
+          options.budget_bytes =
+              cli::parse_budget(budget, simulate_residency(model, {}, cost).peak_bytes);
+          const ResidencyResult result = plan_residency(model, options, cost);
+          json out = cli::residency_json(model, result, options.budget_bytes);
+          if (live_bytes) {
+            out["forecast"]["live_bytes"] = result.forecast.live_bytes;
+            out["unplanned"]["live_bytes"] = result.unplanned.live_bytes;
+          }
+          return out.dump();
+        });
+      },
+      py::arg("graph_json"), py::arg("budget"), py::kw_only(), py::arg("device_profile_json") = "",
+      py::arg("min_bytes") = std::int64_t{1} << 20, py::arg("strategy") = "greedy",
+      py::arg("live_bytes") = false,
+      "Plans residency for a recorded step (include/spillway/residency.h) under `budget` (12GiB, "
+      "800MiB, bytes, or 60% of the step's own simulated peak); returns JSON text: budget_bytes, "
+      "candidates, unplanned and forecast (step_ms, compute_ms, stall_ms, peak_bytes, peak_op, "
+      "bytes_d2h, bytes_h2d, host_bytes; with live_bytes the bytes live at each node), gaps.");
   m.def(
       "simulate_graph",
       [](const std::string& graph_json, const std::string& profile,

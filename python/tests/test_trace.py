@@ -212,3 +212,73 @@ def test_phases_of_the_recorded_graph_count_every_op(llama_step):
     assert int(trace.graph["metadata"]["ops"]) == sum(counts.values())
     # AdamW (foreach on CPU is off by default for CPU tensors: per-parameter ops).
     assert counts["optimizer"] > counts["forward"] / 2
+
+
+# ---- the residency planner (include/spillway/residency.h) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def wider_step():
+    """A 4-layer Llama whose weights, AdamW state and activations are 64 KiB and more."""
+    model, ids = tiny_llama(4, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _adamw_step(model, optimizer, ids)
+    with spillway.trace.record(model, optimizer) as recording:
+        _adamw_step(model, optimizer, ids)
+    return recording.trace
+
+
+@pytest.mark.parametrize("fraction", [0.75, 0.5, 0.35, 0.2])
+def test_the_residency_plan_of_a_recorded_step_fits_its_budget(wider_step, fraction):
+    plan = spillway.trace.plan(wider_step, fraction, min_bytes=64 << 10)
+    forecast, unplanned = plan["forecast"], plan["unplanned"]
+    assert plan["budget_bytes"] == pytest.approx(fraction * unplanned["peak_bytes"], rel=1e-6)
+    assert forecast["peak_bytes"] <= plan["budget_bytes"]
+    assert plan["gaps"], plan
+    # Weights and AdamW state are among what moves, and spend the wrap on the host.
+    names = {g["name"] for g in plan["gaps"]}
+    assert any(n.startswith("optimizer.") for n in names) or fraction > 0.5, names
+    assert any(g["wrap"] for g in plan["gaps"])
+    # Pinned host memory: each moved storage once.
+    moved = {g["storage"]: g["bytes"] for g in plan["gaps"]}
+    assert forecast["host_bytes"] == sum(moved.values())
+    # On a CPU-timed trace the ops are slow against the H200's link: copies hide.
+    assert forecast["step_ms"] <= 1.01 * unplanned["step_ms"]
+
+
+def test_a_tighter_budget_never_forecasts_a_larger_peak(wider_step):
+    peaks = [spillway.trace.plan(wider_step, f, min_bytes=64 << 10)["forecast"]["peak_bytes"]
+             for f in (0.8, 0.6, 0.4)]
+    assert peaks[0] >= peaks[1] >= peaks[2]
+
+
+def test_residency_planning_errors_name_the_problem(wider_step):
+    with pytest.raises(ValueError, match=r"^\[residency\] no plan fits a budget of 1.0 MiB: "
+                                         r"with every candidate gap on the host the peak is"):
+        spillway.trace.plan(wider_step, 1 << 20, min_bytes=64 << 10)
+    with pytest.raises(ValueError, match=r"^\[trace\] budget must be > 0 bytes, got -1"):
+        spillway.trace.plan(wider_step, -1)
+    with pytest.raises(ValueError, match=r"^\[trace\] a fractional budget must be in \(0, 1\]"):
+        spillway.trace.plan(wider_step, 1.5)
+    with pytest.raises(ValueError, match=r"strategy must be 'greedy' or 'exact'"):
+        spillway.trace.plan(wider_step, 0.5, strategy="clever")
+    with pytest.raises(ValueError, match=r"^\[residency\] the exact solver takes at most 14"):
+        spillway.trace.plan(wider_step, 0.5, min_bytes=64 << 10, strategy="exact")
+
+
+def test_the_cli_plans_residency_for_a_saved_trace(wider_step, tmp_path):
+    path = tmp_path / "step.json.zst"
+    spillway.trace.save(wider_step, path)
+    cli = pathlib.Path(os.environ.get("SPILLWAY_CLI") or REPO / "build/release/src/cli/spillway")
+    if not cli.exists():
+        pytest.fail(f"the spillway command is not built at {cli}: run scripts/test")
+    run = subprocess.run([cli, "simulate", path, "--budget", "50%", "--min-bytes", "65536", "--json"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["forecast"]["peak_bytes"] <= out["budget_bytes"]
+    text = subprocess.run([cli, "simulate", path, "--budget", "50%", "--min-bytes", "65536"],
+                          capture_output=True, text=True)
+    assert text.returncode == 0 and "predicted peak:" in text.stdout, text.stderr
+    bad = subprocess.run([cli, "simulate", path, "--budget", "-1"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "budget" in bad.stderr

@@ -17,11 +17,13 @@
 
 #include "cli/budget_report.h"
 #include "cli/plan_report.h"
+#include "cli/residency_report.h"
 #include "cli/sim_report.h"
 #include "spillway/budget.h"
 #include "spillway/error.h"
 #include "spillway/graph.h"
 #include "spillway/plan.h"
+#include "spillway/residency.h"
 #include "spillway/sim.h"
 
 namespace spillway::cli {
@@ -354,11 +356,34 @@ struct SimulateArgs {
   std::string graph_path;
   SimArgs sim;
   bool inductor_fusion = false;
+  std::string budget;  // parse_budget's forms; empty: no residency plan
+  std::int64_t min_bytes = 1 << 20;
+  bool json = false;
 };
+
+// --budget: plan residency for a recorded step (include/spillway/residency.h)
+// and print its forecast.
+int run_residency(const SimulateArgs& args, const Graph& graph, const DeviceProfile& profile) {
+  const CostModel cost(profile);
+  const ResidencyModel model = residency_model(graph, cost);
+  ResidencyOptions options;
+  options.min_bytes = args.min_bytes;
+  const std::int64_t own_peak = simulate_residency(model, {}, cost).peak_bytes;
+  options.budget_bytes = parse_budget(args.budget, own_peak);
+  const ResidencyResult result = plan_residency(model, options, cost);
+  if (args.json) {
+    std::cout << residency_json(model, result, options.budget_bytes).dump(2) << "\n";
+  } else {
+    std::cout << "file:               " << args.graph_path << "\n"
+              << format_residency_text(model, result, options.budget_bytes, profile.name);
+  }
+  return kExitOk;
+}
 
 int run_simulate(const SimulateArgs& args) {
   const DeviceProfile profile = load_profile(args.sim);
   const Graph graph = load_verified(args.graph_path);
+  if (!args.budget.empty()) return run_residency(args, graph, profile);
   SimOptions options;
   options.record_timeline = args.sim.wants_timeline();
   options.inductor_fusion = args.inductor_fusion;
@@ -374,18 +399,22 @@ int run_simulate(const SimulateArgs& args) {
 int run_validate(const std::string& path) {
   const Graph graph = load_verified(path);
   std::int64_t forward = 0;
+  std::int64_t optimizer = 0;
   std::int64_t tensors = 0;
   std::set<std::int64_t> storages;
   for (const Node& node : graph.nodes) {
     if (node.phase == Phase::kForward) ++forward;
+    if (node.phase == Phase::kOptimizer) ++optimizer;
     if (node.value.is_tensor()) {
       ++tensors;
       if (node.value.tensor.storage) storages.insert(*node.value.tensor.storage);
     }
   }
   std::cout << "ok: " << path << ": '" << graph.name << "', " << graph.nodes.size() << " nodes ("
-            << forward << " forward, " << static_cast<std::int64_t>(graph.nodes.size()) - forward
-            << " backward), " << tensors << " tensor values in " << storages.size() << " storages, "
+            << forward << " forward, "
+            << static_cast<std::int64_t>(graph.nodes.size()) - forward - optimizer << " backward"
+            << (optimizer > 0 ? ", " + std::to_string(optimizer) + " optimizer" : std::string()) << "), "
+            << tensors << " tensor values in " << storages.size() << " storages, "
             << graph.ops.size() << " op schemas\n";
   return kExitOk;
 }
@@ -500,6 +529,15 @@ int main_impl(int argc, char** argv) {
       "Simulate as torch.compile runs the graph: values Inductor computes inside fused "
       "kernels (pointwise chains, casts, softmax and loss reductions) are never allocated, "
       "and fused ops keep only the share of their time that their traffic in memory keeps");
+  simulate_command->add_option(
+      "--budget", simulate_args.budget,
+      "Plan residency for a recorded step (spillway.trace): which storages spend which gaps "
+      "between their uses in pinned host memory, the fastest plan whose simulated peak fits "
+      "(12GiB, 800MiB, 4096 bytes, or 60% of the step's own peak); prints its forecast");
+  simulate_command->add_option("--min-bytes", simulate_args.min_bytes,
+                               "With --budget: smaller storages stay on the device (default 1048576)");
+  simulate_command->add_flag("--json", simulate_args.json,
+                             "With --budget: print a JSON object instead of the text summary");
   add_sim_options(*simulate_command, simulate_args.sim);
 
   std::string validate_path;

@@ -19,7 +19,7 @@ import os
 from spillway.trace._opaque import opaque
 from spillway.trace._recorder import Recorder, StorageInfo, Trace
 
-__all__ = ["record", "save", "load", "opaque", "Trace", "StorageInfo"]
+__all__ = ["record", "save", "load", "plan", "opaque", "Trace", "StorageInfo"]
 
 
 @contextlib.contextmanager
@@ -51,3 +51,36 @@ def load(path: str | os.PathLike) -> dict:
     """The graph dict a save() wrote."""
     from spillway.fx_export import _io
     return _io.load(path)
+
+
+def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
+         strategy: str = "greedy", live_bytes: bool = False) -> dict:
+    """The residency plan of a recorded step (include/spillway/residency.h): which
+    storages spend which gaps between their uses in pinned host memory, the fastest
+    plan whose simulated peak fits `budget`, and its forecast against the step with
+    everything on the device.
+
+    budget: bytes (int), a fraction of the step's own simulated peak (0 < float <= 1),
+    or text ("12GiB", "800MiB", "60%"). device_profile: a path or dict (docs/
+    device-profile.md); default the shipped H200's. strategy: "greedy", or "exact"
+    (every subset of the candidate gaps; small traces only). Raises ValueError naming
+    the problem when no plan fits.
+    """
+    import json
+
+    from spillway import _C
+    from spillway._budget import device_profile_json
+    graph = trace.graph if isinstance(trace, Trace) else trace
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise TypeError(f"[trace] budget must be bytes, a fraction or text, got {budget!r}")
+    if isinstance(budget, float):
+        if not 0 < budget <= 1:
+            raise ValueError(f"[trace] a fractional budget must be in (0, 1], got {budget}")
+        budget = f"{budget * 100:.6f}%"
+    elif isinstance(budget, int):
+        if budget <= 0:
+            raise ValueError(f"[trace] budget must be > 0 bytes, got {budget}")
+        budget = str(budget)
+    return json.loads(_C.plan_residency(
+        json.dumps(graph), budget, device_profile_json=device_profile_json(device_profile, "trace"),
+        min_bytes=min_bytes, strategy=strategy, live_bytes=live_bytes))

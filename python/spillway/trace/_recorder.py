@@ -338,7 +338,11 @@ class Recorder(TorchDispatchMode):
         encoded_args = [_encode(a, self._arg) for a in args]
         encoded_kwargs = {k: _encode(v, self._arg) for k, v in kwargs.items()}
         node_id = len(self.nodes)
-        base = target.split(".")[1] if target.startswith("aten.") else target.split(".")[-1]
+        parts = target.split(".")
+        if target.startswith("spillway.opaque."):
+            base = "opaque_" + "_".join(parts[2:])
+        else:  # namespace.op.overload: the op
+            base = parts[1] if len(parts) >= 3 else parts[-1]
         count = self._name_counts[base]
         self._name_counts[base] += 1
         produced: list = []

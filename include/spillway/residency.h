@@ -1,0 +1,118 @@
+#pragma once
+// Residency of a recorded step: any storage may live in pinned host memory
+// between two of its uses (issue 12; the trace comes from
+// python/spillway/trace, Note [The op recorder]).
+//
+// residency_model() reduces a graph to what residency needs: each op's time
+// and, per storage, its device bytes and the ops that read or write it. A
+// storage of a placeholder (a parameter, an optimizer state) lives across
+// steps, so its last use in one step and its first in the next enclose a gap
+// too (the wrap). simulate_residency() replays steps under a plan on the
+// compute, D2H and H2D streams (Note [Residency replay] in
+// src/sim/residency.cc); plan_residency() chooses the gaps: the least
+// simulated step time whose simulated peak fits a budget.
+//
+// Thread-safety: pure functions; a CostModel is immutable.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spillway/graph.h"
+#include "spillway/sim.h"
+
+namespace spillway {
+
+struct ResidencyStorage {
+  std::int64_t id = -1;    // the graph's storage id
+  std::string name;        // its placeholder's name, or the node that made it
+  std::int64_t bytes = 0;  // device bytes, rounded as the caching allocator rounds
+  bool across_steps = false;  // a placeholder's: on the device before the step starts
+  bool kept = false;          // read by the output node: alive when the step ends
+  // Op positions (indices into ResidencyModel::op_ms) that read or write it,
+  // ascending, and for each whether it writes.
+  std::vector<std::int32_t> uses;
+  std::vector<bool> writes;
+};
+
+struct ResidencyModel {
+  std::vector<double> op_ms;              // every node of the graph, in order
+  std::vector<std::string> op_names;      // the nodes' names
+  std::vector<std::int64_t> op_scratch;   // bytes a node takes while it runs
+  std::vector<ResidencyStorage> storages;
+};
+
+// Every node of `graph` is a position. A node uses the storages of the values
+// its args name and those of the values it produces; it writes what its
+// schema's write arguments name and every storage it produces values in that
+// existed before (an in-place result or an out= argument); views are uses
+// that write nothing. A storage's bytes are the furthest byte its values
+// reach (execution model (6) of sim.h), rounded. Throws InvalidGraph through
+// the graph's own checks.
+ResidencyModel residency_model(const Graph& graph, const CostModel& cost);
+
+// One storage on the host between two uses: after its use number `after`
+// (an index into uses; the last use's gap is the wrap to the next step's
+// first use, for storages that live across steps), copied back so that the
+// compute stream reaches the next use once the copy has landed. The copy is
+// issued when the compute stream reaches the op `lead` positions before the
+// next use (1: right before it).
+struct HostGap {
+  std::int32_t storage = -1;  // index into ResidencyModel::storages
+  std::int32_t after = -1;
+  std::int32_t lead = 1;
+  friend bool operator==(const HostGap&, const HostGap&) = default;
+};
+
+struct ResidencyPlan {
+  std::vector<HostGap> gaps;
+};
+
+// The second of three steps in a row under the plan (a steady state).
+struct ResidencyForecast {
+  double step_ms = 0;     // compute stream end to end, waits included
+  double compute_ms = 0;  // the ops' own time
+  double stall_ms = 0;    // the compute stream waiting for copies
+  std::int64_t peak_bytes = 0;  // device bytes live at most (allocations rounded)
+  std::int32_t peak_op = -1;    // the position where the peak occurs
+  std::int64_t bytes_d2h = 0;   // per step
+  std::int64_t bytes_h2d = 0;
+  std::int64_t host_bytes = 0;  // pinned host memory the plan needs
+  std::vector<std::int64_t> live_bytes;  // per position, as at the peak
+};
+
+// Throws InvalidArgument naming the gap on a plan that does not fit the model
+// (a storage or use out of range, a wrap gap of a storage that does not live
+// across steps, a gap with no op inside it, lead < 1 or beyond the gap, the
+// same gap twice).
+ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
+                                     const CostModel& cost);
+
+enum class ResidencyStrategy {
+  kGreedy,  // cover the peak with the gaps that hide best, then drop what is not needed
+  kExact,   // every subset of the candidates (at most exact_max_gaps): the test oracle
+};
+
+struct ResidencyOptions {
+  std::int64_t budget_bytes = 0;        // device bytes at most (> 0)
+  std::int64_t min_bytes = 1 << 20;     // smaller storages stay on the device
+  double prefetch_slack = 1.25;         // issue a copy this much ahead of its need
+  ResidencyStrategy strategy = ResidencyStrategy::kGreedy;
+  int exact_max_gaps = 14;
+};
+
+struct ResidencyResult {
+  ResidencyPlan plan;
+  ResidencyForecast forecast;
+  ResidencyForecast unplanned;  // the step with everything on the device
+  std::int32_t candidates = 0;  // gaps the planner could choose from
+};
+
+// The least simulated step time whose simulated peak fits the budget (the
+// strategy's answer: greedy is not always optimal). Throws InvalidArgument
+// when no plan fits, naming the smallest peak it reached and the budget, or
+// when kExact is asked for more than exact_max_gaps candidates.
+ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptions& options,
+                               const CostModel& cost);
+
+}  // namespace spillway

@@ -1,0 +1,95 @@
+#include "cli/residency_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace spillway::cli {
+namespace {
+
+using nlohmann::json;
+
+std::string gib(std::int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1LL << 30));
+  return text;
+}
+
+json forecast_json(const ResidencyModel& model, const ResidencyForecast& f) {
+  return {{"step_ms", f.step_ms},
+          {"compute_ms", f.compute_ms},
+          {"stall_ms", f.stall_ms},
+          {"peak_bytes", f.peak_bytes},
+          {"peak_op", f.peak_op >= 0 ? model.op_names[f.peak_op] : std::string()},
+          {"bytes_d2h", f.bytes_d2h},
+          {"bytes_h2d", f.bytes_h2d},
+          {"host_bytes", f.host_bytes}};
+}
+
+}  // namespace
+
+json residency_json(const ResidencyModel& model, const ResidencyResult& result, std::int64_t budget_bytes) {
+  const auto n = static_cast<std::int32_t>(model.op_ms.size());
+  json gaps = json::array();
+  for (const HostGap& gap : result.plan.gaps) {
+    const ResidencyStorage& st = model.storages[gap.storage];
+    const bool wrap = gap.after + 1 == static_cast<std::int32_t>(st.uses.size());
+    const std::int32_t next = wrap ? st.uses.front() + n : st.uses[gap.after + 1];
+    gaps.push_back({{"storage", st.id},
+                    {"name", st.name},
+                    {"bytes", st.bytes},
+                    {"leaves_after", model.op_names[st.uses[gap.after]]},
+                    {"back_before", model.op_names[next % n]},
+                    {"issued_at", model.op_names[(next - gap.lead) % n]},
+                    {"wrap", wrap}});
+  }
+  return {{"budget_bytes", budget_bytes},
+          {"candidates", result.candidates},
+          {"unplanned", forecast_json(model, result.unplanned)},
+          {"forecast", forecast_json(model, result.forecast)},
+          {"gaps", gaps}};
+}
+
+std::string format_residency_text(const ResidencyModel& model, const ResidencyResult& result,
+                                  std::int64_t budget_bytes, const std::string& device) {
+  const ResidencyForecast& f = result.forecast;
+  const ResidencyForecast& u = result.unplanned;
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof line, "budget:             %s on %s\n", gib(budget_bytes).c_str(), device.c_str());
+  out << line;
+  std::snprintf(line, sizeof line, "predicted step:     %.2f ms (everything on the device: %.2f ms, %.3fx)\n",
+                f.step_ms, u.step_ms, u.step_ms > 0 ? f.step_ms / u.step_ms : 0.0);
+  out << line;
+  std::snprintf(line, sizeof line, "predicted peak:     %s at %s (everything on the device: %s)\n",
+                gib(f.peak_bytes).c_str(), f.peak_op >= 0 ? model.op_names[f.peak_op].c_str() : "-",
+                gib(u.peak_bytes).c_str());
+  out << line;
+  std::snprintf(line, sizeof line, "moved per step:     %s to the host, %s back; %s pinned; %.2f ms waiting\n",
+                gib(f.bytes_d2h).c_str(), gib(f.bytes_h2d).c_str(), gib(f.host_bytes).c_str(), f.stall_ms);
+  out << line;
+  // Storages that move, largest first, with how many gaps each spends on the host.
+  std::map<std::int32_t, int> gaps_of;
+  for (const HostGap& gap : result.plan.gaps) ++gaps_of[gap.storage];
+  std::vector<std::pair<std::int32_t, int>> moved(gaps_of.begin(), gaps_of.end());
+  std::sort(moved.begin(), moved.end(), [&](const auto& a, const auto& b) {
+    return model.storages[a.first].bytes > model.storages[b.first].bytes;
+  });
+  std::snprintf(line, sizeof line, "storages moved:     %zu of %d candidate gaps' storages\n", moved.size(),
+                result.candidates);
+  out << line;
+  const std::size_t shown = std::min<std::size_t>(moved.size(), 12);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const ResidencyStorage& st = model.storages[moved[i].first];
+    std::snprintf(line, sizeof line, "  %-48s %10s  %d gap%s%s\n", st.name.c_str(), gib(st.bytes).c_str(),
+                  moved[i].second, moved[i].second == 1 ? "" : "s", st.across_steps ? " (kept across steps)" : "");
+    out << line;
+  }
+  if (moved.size() > shown) out << "  ... and " << moved.size() - shown << " more\n";
+  return out.str();
+}
+
+}  // namespace spillway::cli

@@ -1,0 +1,27 @@
+#pragma once
+// The residency side of `spillway simulate TRACE --budget B` and of
+// spillway._C.plan_residency: a residency plan (include/spillway/residency.h)
+// as text and JSON.
+//
+// Thread-safety: pure functions; call from any thread.
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "spillway/residency.h"
+
+namespace spillway::cli {
+
+// "budget_bytes", "candidates", "unplanned" and "forecast" (step_ms,
+// compute_ms, stall_ms, peak_bytes, peak_op (a name), bytes_d2h, bytes_h2d,
+// host_bytes), and "gaps": one object per planned gap (storage (the graph's
+// id), name, bytes, leaves_after, back_before, issued_at (op names), wrap).
+nlohmann::json residency_json(const ResidencyModel& model, const ResidencyResult& result,
+                              std::int64_t budget_bytes);
+
+// The same for people: the forecast against the step with everything on the
+// device, then the storages that move, largest first.
+std::string format_residency_text(const ResidencyModel& model, const ResidencyResult& result,
+                                  std::int64_t budget_bytes, const std::string& device);
+
+}  // namespace spillway::cli

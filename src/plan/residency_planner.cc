@@ -1,0 +1,295 @@
+// The residency planner (include/spillway/residency.h).
+//
+// Note [Residency planning]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A candidate is a gap between two uses of a storage of at least min_bytes
+// with an op inside it (for a storage that lives across steps, the wrap from
+// its last use to the next step's first too). Its copy back is led by the
+// fewest positions whose ops take prefetch_slack times the copy's time, or
+// the whole gap when the gap is shorter (then the copy cannot hide).
+//
+// Greedy: simulate; while the peak is above the budget, take the candidates
+// whose gap holds the peak position off the device (their storage left
+// before it and is not back yet), best first: those whose copies hide in the
+// gap's compute (largest first), then the rest by the time they cannot hide
+// per byte; as many as cover the excess at once; simulate again. When no
+// candidate is known to be off the device at the peak (a copy still under
+// way there), adding or dropping each candidate is simulated and the change
+// that lowers the bytes above the budget (summed over positions) most is
+// made (of the 64 largest gaps around the peak). Before all this, a plan
+// with every candidate on the host is simulated: when even that does not
+// fit, the error says so at once. When the
+// peak fits, drop chosen gaps, latest first, while the plan still fits and
+// is no slower (a peak covered by a later choice may not need an earlier
+// one). Exact: every subset of the candidates, the fastest that fits; the
+// test oracle for small traces.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "spillway/error.h"
+#include "spillway/residency.h"
+
+namespace spillway {
+namespace {
+
+struct Candidate {
+  HostGap gap;
+  std::int32_t start = 0;  // position of the use the gap follows
+  std::int32_t gone = 0;   // the first position its storage may be off the device: after
+                           // its D2H, when its host copy may be stale
+  std::int32_t back = 0;   // position where the copy back is issued (unrolled: may be >= n)
+  std::int32_t next = 0;   // position of the next use (unrolled)
+  std::int64_t bytes = 0;
+  double unhidden_ms = 0;  // copy time beyond the gap's compute
+};
+
+std::vector<Candidate> candidates_of(const ResidencyModel& model, const ResidencyOptions& options,
+                                     const CostModel& cost) {
+  const auto n = static_cast<std::int32_t>(model.op_ms.size());
+  std::vector<Candidate> out;
+  for (std::size_t s = 0; s < model.storages.size(); ++s) {
+    const ResidencyStorage& st = model.storages[s];
+    if (st.bytes < options.min_bytes || st.uses.empty()) continue;
+    const auto uses = static_cast<std::int32_t>(st.uses.size());
+    for (std::int32_t k = 0; k < uses; ++k) {
+      const bool wrap = k + 1 == uses;
+      if (wrap && !st.across_steps) continue;
+      const std::int32_t start = st.uses[k];
+      const std::int32_t next = wrap ? st.uses.front() + n : st.uses[k + 1];
+      if (next - start < 2) continue;
+      const double need = options.prefetch_slack * cost.h2d_ms(st.bytes);
+      double ahead = 0;
+      std::int32_t lead = 0;
+      while (lead + 1 < next - start && ahead < need) {
+        ++lead;
+        ahead += model.op_ms[(next - lead) % n];
+      }
+      double inside = 0;
+      for (std::int32_t p = start + 1; p < next; ++p) inside += model.op_ms[p % n];
+      bool stale = !st.across_steps;
+      for (bool w : st.writes) stale = stale || w;
+      // The write-back starts after the last write before the gap (residency.cc);
+      // the storage is gone once it has landed.
+      std::int32_t gone = start + 1;
+      if (stale) {
+        std::int32_t written = start;
+        for (std::int32_t j = k; j >= 0 && !st.writes[j]; --j) written = j > 0 ? st.uses[j - 1] : -1;
+        double copied = 0;
+        for (std::int32_t p = std::max(written, 0) + 1; p <= start; ++p) copied += model.op_ms[p];
+        const double d2h = cost.d2h_ms(st.bytes);
+        while (gone < next - lead && copied < d2h) copied += model.op_ms[gone++ % n];
+      }
+      Candidate c;
+      c.gap = {static_cast<std::int32_t>(s), k, lead};
+      c.start = start;
+      c.gone = gone;
+      c.back = next - lead;
+      c.next = next;
+      c.bytes = st.bytes;
+      const double copies = cost.h2d_ms(st.bytes) + (stale ? cost.d2h_ms(st.bytes) : 0);
+      c.unhidden_ms = std::max(0.0, copies - inside);
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// Whether the candidate keeps its storage off the device at position p (as
+// far as the plan can tell before simulating it).
+bool holds_off(const Candidate& c, std::int32_t p, std::int32_t n) {
+  for (std::int32_t shift : {0, n}) {
+    const std::int32_t q = p + shift;
+    if (c.gone <= q && q < c.back) return true;
+  }
+  return false;
+}
+
+// Bytes above the budget, summed over positions: what a step towards fitting lowers
+// even where two positions share the peak.
+double excess(const ResidencyForecast& f, std::int64_t budget) {
+  double sum = 0;
+  for (std::int64_t live : f.live_bytes) sum += static_cast<double>(std::max<std::int64_t>(0, live - budget));
+  return sum;
+}
+
+bool fits(const ResidencyForecast& f, const ResidencyOptions& options) {
+  return f.peak_bytes <= options.budget_bytes;
+}
+
+ResidencyPlan plan_of(const std::vector<Candidate>& all, const std::vector<bool>& chosen) {
+  ResidencyPlan plan;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (chosen[i]) plan.gaps.push_back(all[i].gap);
+  }
+  return plan;
+}
+
+std::string shown(std::int64_t bytes) {
+  char text[32];
+  if (bytes >= (1LL << 30)) {
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1LL << 30));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
+  return text;
+}
+
+}  // namespace
+
+ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptions& options,
+                               const CostModel& cost) {
+  if (options.budget_bytes <= 0) {
+    throw InvalidArgument("residency", "budget must be > 0 bytes, got " +
+                          std::to_string(options.budget_bytes));
+  }
+  if (options.prefetch_slack < 1.0) {
+    throw InvalidArgument("residency", "prefetch_slack must be >= 1, got " +
+                          std::to_string(options.prefetch_slack));
+  }
+  const auto n = static_cast<std::int32_t>(model.op_ms.size());
+  ResidencyResult result;
+  result.unplanned = simulate_residency(model, {}, cost);
+  const std::vector<Candidate> all = candidates_of(model, options, cost);
+  result.candidates = static_cast<std::int32_t>(all.size());
+  if (fits(result.unplanned, options)) {
+    result.forecast = result.unplanned;
+    return result;
+  }
+
+  if (options.strategy == ResidencyStrategy::kExact) {
+    if (static_cast<int>(all.size()) > options.exact_max_gaps) {
+      throw InvalidArgument("residency", "the exact solver takes at most " +
+                            std::to_string(options.exact_max_gaps) + " candidate gaps, this trace has " +
+                            std::to_string(all.size()));
+    }
+    bool found = false;
+    std::int64_t lowest = result.unplanned.peak_bytes;
+    for (std::uint32_t mask = 1; mask < (1u << all.size()); ++mask) {
+      std::vector<bool> chosen(all.size());
+      for (std::size_t i = 0; i < all.size(); ++i) chosen[i] = (mask >> i) & 1u;
+      const ResidencyPlan plan = plan_of(all, chosen);
+      const ResidencyForecast f = simulate_residency(model, plan, cost);
+      lowest = std::min(lowest, f.peak_bytes);
+      if (!fits(f, options)) continue;
+      if (!found || f.step_ms < result.forecast.step_ms - 1e-12 ||
+          (f.step_ms <= result.forecast.step_ms + 1e-12 && plan.gaps.size() < result.plan.gaps.size())) {
+        found = true;
+        result.plan = plan;
+        result.forecast = f;
+      }
+    }
+    if (!found) {
+      throw InvalidArgument("residency", "no plan fits a budget of " + shown(options.budget_bytes) +
+                            ": the smallest peak any plan reaches is " + shown(lowest));
+    }
+    return result;
+  }
+
+  // Everything that can leave the device at once: when even that does not fit, say so
+  // now rather than search.
+  {
+    const ResidencyForecast everything = simulate_residency(model, plan_of(all, std::vector<bool>(all.size(), true)), cost);
+    if (!fits(everything, options)) {
+      throw InvalidArgument("residency", "no plan fits a budget of " + shown(options.budget_bytes) +
+                            ": with every candidate gap on the host the peak is still " +
+                            shown(everything.peak_bytes) + " at " + model.op_names[everything.peak_op] +
+                            " (" + std::to_string(all.size()) + " candidate gaps of storages of at least " +
+                            shown(options.min_bytes) + ")");
+    }
+  }
+  std::vector<bool> chosen(all.size(), false);
+  std::vector<std::size_t> order;  // chosen, in the order chosen
+  ResidencyForecast f = result.unplanned;
+  while (!fits(f, options)) {
+    std::vector<std::size_t> covering;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (!chosen[i] && holds_off(all[i], f.peak_op, n)) covering.push_back(i);
+    }
+    if (covering.empty()) {
+      // Nothing is known to leave the device at the peak (copies still under way,
+      // copies back already issued): try adding or dropping each candidate, keep
+      // the change that lowers the bytes above the budget most.
+      const std::int64_t budget = options.budget_bytes;
+      std::size_t best = all.size();
+      ResidencyForecast best_forecast;
+      double best_excess = excess(f, budget);
+      // Only gaps around the peak can lower it: at most 64 of them, largest first.
+      std::vector<std::size_t> near;
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        const Candidate& c = all[i];
+        for (std::int32_t q : {f.peak_op, f.peak_op + n}) {
+          if (c.start < q && q < c.next) {
+            near.push_back(i);
+            break;
+          }
+        }
+      }
+      std::sort(near.begin(), near.end(), [&](std::size_t a, std::size_t b) { return all[a].bytes > all[b].bytes; });
+      if (near.size() > 64) near.resize(64);
+      for (std::size_t i : near) {
+        chosen[i] = !chosen[i];
+        const ResidencyForecast trial = simulate_residency(model, plan_of(all, chosen), cost);
+        chosen[i] = !chosen[i];
+        const double e = excess(trial, budget);
+        if (e < best_excess || (best != all.size() && e == best_excess &&
+                                trial.step_ms < best_forecast.step_ms)) {
+          best = i;
+          best_forecast = trial;
+          best_excess = e;
+        }
+      }
+      if (best == all.size()) {
+        throw InvalidArgument("residency", "no plan fits a budget of " + shown(options.budget_bytes) +
+                              ": the greedy planner reached a peak of " + shown(f.peak_bytes) +
+                              " at " + model.op_names[f.peak_op] +
+                              ", and no gap left lowers what is above the budget (" +
+                              std::to_string(all.size()) + " candidate gaps of storages of at least " +
+                              shown(options.min_bytes) + ")");
+      }
+      chosen[best] = !chosen[best];
+      if (chosen[best]) {
+        order.push_back(best);
+      } else {
+        order.erase(std::find(order.begin(), order.end(), best));
+      }
+      f = best_forecast;
+      continue;
+    }
+    std::sort(covering.begin(), covering.end(), [&](std::size_t a, std::size_t b) {
+      const Candidate& x = all[a];
+      const Candidate& y = all[b];
+      const bool hx = x.unhidden_ms <= 0;
+      const bool hy = y.unhidden_ms <= 0;
+      if (hx != hy) return hx;
+      if (hx) return x.bytes > y.bytes;
+      return x.unhidden_ms / static_cast<double>(x.bytes) < y.unhidden_ms / static_cast<double>(y.bytes);
+    });
+    std::int64_t excess = f.peak_bytes - options.budget_bytes;
+    for (std::size_t i : covering) {
+      chosen[i] = true;
+      order.push_back(i);
+      excess -= all[i].bytes;
+      if (excess <= 0) break;
+    }
+    f = simulate_residency(model, plan_of(all, chosen), cost);
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    chosen[*it] = false;
+    const ResidencyForecast without = simulate_residency(model, plan_of(all, chosen), cost);
+    if (fits(without, options) && without.step_ms <= f.step_ms + 1e-12) {
+      f = without;
+    } else {
+      chosen[*it] = true;
+    }
+  }
+  result.plan = plan_of(all, chosen);
+  result.forecast = f;
+  return result;
+}
+
+}  // namespace spillway

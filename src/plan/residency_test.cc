@@ -1,0 +1,280 @@
+// The residency model, its replay and the residency planner
+// (include/spillway/residency.h), on a link that moves 1e6 bytes per ms.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "spillway/error.h"
+#include "spillway/residency.h"
+#include "testing/graph_builder.h"
+
+namespace spillway {
+namespace {
+
+constexpr std::int64_t kMs = 1'000'000;  // bytes the test link moves per ms
+
+CostModel link() {
+  DeviceProfile p;
+  p.name = "test";
+  p.h2d.points = {{1, 1.0}};  // 1 GB/s: kMs bytes per ms
+  p.d2h = p.h2d_duplex = p.d2h_duplex = p.h2d;
+  p.allocation_granularity = 1;
+  p.memory_gbs = 1000;
+  p.matmul_tflops_bf16 = p.matmul_tflops_fp32 = 100;
+  return CostModel(p);
+}
+
+ResidencyStorage storage(std::string name, std::int64_t bytes, std::vector<std::int32_t> uses,
+                         std::vector<bool> writes = {}, bool across_steps = false) {
+  ResidencyStorage s;
+  s.id = 0;
+  s.name = std::move(name);
+  s.bytes = bytes;
+  s.uses = std::move(uses);
+  s.writes = writes.empty() ? std::vector<bool>(s.uses.size(), false) : std::move(writes);
+  if (!across_steps && !s.writes.empty()) s.writes.front() = true;  // made by its first use
+  s.across_steps = across_steps;
+  return s;
+}
+
+ResidencyModel ops(int n, double ms = 1.0) {
+  ResidencyModel m;
+  m.op_ms.assign(n, ms);
+  m.op_scratch.assign(n, 0);
+  for (int p = 0; p < n; ++p) m.op_names.push_back("op" + std::to_string(p));
+  return m;
+}
+
+std::string error_of(const ResidencyModel& model, const ResidencyPlan& plan) {
+  try {
+    simulate_residency(model, plan, link());
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ResidencyModel, ReadsUsesWritesAndLifetimesFromAGraph) {
+  testing::GraphBuilder b("step");
+  auto w = b.input("w", b.tensor({1000, 500}));  // 1e6 bytes in bf16
+  auto x = b.input("x", b.tensor({1000, 500}));
+  auto a = b.named("act").call("aten.mm.default", {x, w}, b.tensor({1000, 500}));
+  auto at = b.view("aten.t.default", a, b.tensor({500, 1000}, {1, 500}));
+  b.backward();
+  auto g = b.named("grad").call("aten.mm.default", {at, x}, b.tensor({1000, 500}));
+  auto upd = b.inplace("aten.sub_.Tensor", w, {g});
+  (void)upd;
+  b.output({g});
+  const ResidencyModel m = residency_model(b.build(), link());
+  ASSERT_EQ(m.op_ms.size(), 7u);
+  auto find = [&](const std::string& name) {
+    for (const ResidencyStorage& s : m.storages)
+      if (s.name == name) return s;
+    ADD_FAILURE() << "no storage " << name;
+    return ResidencyStorage{};
+  };
+  const ResidencyStorage sw = find("w");
+  EXPECT_TRUE(sw.across_steps);
+  EXPECT_EQ(sw.bytes, 1'000'000);
+  EXPECT_EQ(sw.uses, (std::vector<std::int32_t>{2, 5}));
+  EXPECT_EQ(sw.writes, (std::vector<bool>{false, true}));  // read by mm, written by sub_
+  const ResidencyStorage sa = find("act");
+  EXPECT_FALSE(sa.across_steps);
+  EXPECT_EQ(sa.uses, (std::vector<std::int32_t>{2, 3, 4}));  // made, viewed, read
+  EXPECT_EQ(sa.writes, (std::vector<bool>{true, false, false}));
+  EXPECT_TRUE(find("grad").kept);  // the output reads the gradient
+}
+
+TEST(ResidencyReplay, WithNothingPlannedTheStepIsItsOpsAndThePeakItsLiveBytes) {
+  ResidencyModel m = ops(6);
+  m.storages.push_back(storage("w", 2 * kMs, {1}, {}, true));
+  m.storages.push_back(storage("a", kMs, {2, 3}));
+  const ResidencyForecast f = simulate_residency(m, {}, link());
+  EXPECT_DOUBLE_EQ(f.step_ms, 6.0);
+  EXPECT_EQ(f.peak_bytes, 3 * kMs);
+  EXPECT_EQ(f.peak_op, 2);
+  EXPECT_EQ(f.live_bytes, (std::vector<std::int64_t>{2 * kMs, 2 * kMs, 3 * kMs, 3 * kMs, 2 * kMs,
+                                                      2 * kMs}));
+  EXPECT_EQ(f.bytes_d2h + f.bytes_h2d + f.host_bytes, 0);
+}
+
+TEST(ResidencyReplay, AReadOnlyWeightSpendsTheWrapOnTheHostAndOnlyComesBack) {
+  ResidencyModel m = ops(6);
+  m.storages.push_back(storage("w", 2 * kMs, {1}, {}, true));
+  m.storages.push_back(storage("a", kMs, {2, 3}));
+  // The copy back is issued 3 ops (3 ms) before its use: it hides.
+  const ResidencyForecast f = simulate_residency(m, {{{0, 0, 3}}}, link());
+  EXPECT_DOUBLE_EQ(f.step_ms, 6.0);
+  EXPECT_DOUBLE_EQ(f.stall_ms, 0.0);
+  EXPECT_EQ(f.bytes_h2d, 2 * kMs);
+  EXPECT_EQ(f.bytes_d2h, 0);  // its host copy never goes stale
+  EXPECT_EQ(f.host_bytes, 2 * kMs);
+  EXPECT_EQ(f.live_bytes, (std::vector<std::int64_t>{2 * kMs, 2 * kMs, kMs, kMs, 2 * kMs, 2 * kMs}));
+  EXPECT_EQ(f.peak_bytes, 2 * kMs);
+}
+
+TEST(ResidencyReplay, AWeightWrittenAtTheEndGoesOutAndTheNextStepWaitsForIt) {
+  ResidencyModel m = ops(8);
+  m.storages.push_back(storage("w", 2 * kMs, {1, 5}, {false, true}, true));
+  // The wrap gap holds ops 6, 7 and 0: D2H after op 5 (2 ms, during ops 6 and 7),
+  // then the H2D (2 ms) issued before op 0: op 0 covers 1 ms of it, op 1 waits 1.
+  const ResidencyForecast f = simulate_residency(m, {{{0, 1, 1}}}, link());
+  EXPECT_DOUBLE_EQ(f.stall_ms, 1.0);
+  EXPECT_DOUBLE_EQ(f.step_ms, 9.0);
+  EXPECT_EQ(f.bytes_d2h, 2 * kMs);
+  EXPECT_EQ(f.bytes_h2d, 2 * kMs);
+  // Off the device nowhere: its D2H ends as op 7 does, and it is back for op 0.
+  EXPECT_EQ(f.peak_bytes, 2 * kMs);
+}
+
+TEST(ResidencyReplay, ABufferWhoseCopyHasNotLandedIsKeptInsteadOfCopiedBack) {
+  ResidencyModel m = ops(6);
+  m.storages.push_back(storage("w", 2 * kMs, {1, 5}, {false, true}, true));
+  // One op in the wrap gap: the D2H (2 ms) is still under way when the copy back is
+  // due, so the buffer stays and nothing comes back; the D2H was for nothing.
+  const ResidencyForecast f = simulate_residency(m, {{{0, 1, 1}}}, link());
+  EXPECT_DOUBLE_EQ(f.step_ms, 6.0);
+  EXPECT_EQ(f.bytes_h2d, 0);
+  EXPECT_EQ(f.bytes_d2h, 2 * kMs);
+  EXPECT_EQ(f.peak_bytes, 2 * kMs);
+}
+
+TEST(ResidencyReplay, AnActivationLeavesOnceItsCopyLandsAndReturnsBeforeItsReader) {
+  ResidencyModel m = ops(10);
+  m.storages.push_back(storage("a", kMs, {0, 9}));
+  m.storages.push_back(storage("b", kMs, {5}));
+  // D2H during op 1 (1 ms): a is freed when op 2 starts; back from op 7 (lead 2).
+  const ResidencyForecast f = simulate_residency(m, {{{0, 0, 2}}}, link());
+  EXPECT_EQ(f.live_bytes, (std::vector<std::int64_t>{kMs, kMs, 0, 0, 0, kMs, 0, kMs, kMs, kMs}));
+  EXPECT_DOUBLE_EQ(f.step_ms, 10.0);
+  EXPECT_EQ(f.bytes_d2h, kMs);
+  EXPECT_EQ(f.bytes_h2d, kMs);
+  // Too short a lead: the reader waits for the copy.
+  const ResidencyForecast late = simulate_residency(m, {{{0, 0, 1}}}, link());
+  EXPECT_DOUBLE_EQ(late.step_ms, 10.0);  // 1 ms copy behind 1 ms of op 8: no wait
+  m.op_ms.assign(10, 0.25);
+  EXPECT_DOUBLE_EQ(simulate_residency(m, {{{0, 0, 1}}}, link()).stall_ms, 0.75);
+}
+
+TEST(ResidencyReplay, RefusesPlansThatDoNotFitTheModel) {
+  ResidencyModel m = ops(6);
+  m.storages.push_back(storage("w", kMs, {1, 4}, {}, true));
+  m.storages.push_back(storage("a", kMs, {2, 3}));
+  EXPECT_EQ(error_of(m, {{{7, 0, 1}}}), "[residency] gap 0: storage 7 out of range");
+  EXPECT_EQ(error_of(m, {{{0, 2, 1}}}), "[residency] gap 0: use 2 of storage w out of range (2 uses)");
+  EXPECT_EQ(error_of(m, {{{1, 1, 1}}}),
+            "[residency] gap 0: storage a is made in the step: its last use has no gap after it");
+  EXPECT_EQ(error_of(m, {{{1, 0, 1}}}), "[residency] gap 0: no op between two uses of a");
+  EXPECT_EQ(error_of(m, {{{0, 0, 3}}}), "[residency] gap 0: lead 3 outside 1..2");
+  EXPECT_EQ(error_of(m, {{{0, 0, 1}, {0, 0, 2}}}), "[residency] gap 1: the same gap twice");
+}
+
+TEST(ResidencyPlanner, NothingMovesWhenTheStepFits) {
+  ResidencyModel m = ops(6);
+  m.storages.push_back(storage("w", 2 * kMs, {1}, {}, true));
+  ResidencyOptions options;
+  options.budget_bytes = 2 * kMs;
+  options.min_bytes = 1;
+  const ResidencyResult r = plan_residency(m, options, link());
+  EXPECT_TRUE(r.plan.gaps.empty());
+  EXPECT_EQ(r.forecast.peak_bytes, 2 * kMs);
+}
+
+TEST(ResidencyPlanner, FitsTheBudgetWithCopiesThatHideAndSaysWhenNothingFits) {
+  // A layered step: 4 weights read in forward (ops 0-3) and backward (ops 8-11),
+  // written by the optimizer (ops 12-15); activations made in forward, read in
+  // backward.
+  ResidencyModel m = ops(16);
+  for (int l = 0; l < 4; ++l) {
+    m.storages.push_back(storage("w" + std::to_string(l), kMs, {l, 11 - l, 12 + l},
+                                 {false, false, true}, true));
+    m.storages.push_back(storage("act" + std::to_string(l), kMs, {l, 11 - l}));
+  }
+  ResidencyOptions options;
+  options.min_bytes = 1;
+  options.budget_bytes = 6 * kMs;
+  const ResidencyResult r = plan_residency(m, options, link());
+  EXPECT_EQ(r.unplanned.peak_bytes, 8 * kMs);
+  EXPECT_LE(r.forecast.peak_bytes, options.budget_bytes);
+  EXPECT_FALSE(r.plan.gaps.empty());
+  EXPECT_GT(r.candidates, 0);
+  options.strategy = ResidencyStrategy::kExact;
+  options.exact_max_gaps = 20;
+  const ResidencyResult exact = plan_residency(m, options, link());
+  EXPECT_LE(exact.forecast.step_ms, r.forecast.step_ms + 1e-9);
+  options.budget_bytes = 1;
+  options.strategy = ResidencyStrategy::kGreedy;
+  try {
+    plan_residency(m, options, link());
+    ADD_FAILURE() << "a budget of 1 byte fitted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("[residency] no plan fits a budget of"), std::string::npos)
+        << e.what();
+  }
+  options.budget_bytes = -1;
+  EXPECT_THROW(plan_residency(m, options, link()), InvalidArgument);
+}
+
+// Greedy against the exact solver on random small steps: never better (the
+// oracle is exact), always within budget, and how far it is from optimal.
+TEST(ResidencyPlanner, GreedyAgainstTheExactSolverOnRandomSteps) {
+  std::mt19937 rng(12);
+  int compared = 0, optimal = 0;
+  double worst = 1.0;
+  for (int trial = 0; trial < 250; ++trial) {
+    const int n = 8 + static_cast<int>(rng() % 8);
+    ResidencyModel m = ops(n);
+    for (int p = 0; p < n; ++p) m.op_ms[p] = 0.25 + (rng() % 8) * 0.25;
+    const int storages = 3 + static_cast<int>(rng() % 3);
+    for (int s = 0; s < storages; ++s) {
+      const bool across = rng() % 2 == 0;
+      std::vector<std::int32_t> uses;
+      for (int p = 0; p < n; ++p)
+        if (rng() % 5 == 0) uses.push_back(p);
+      if (uses.size() < 2) uses = {0, n - 1};
+      std::vector<bool> writes(uses.size(), false);
+      if (across && rng() % 2 == 0) writes.back() = true;
+      m.storages.push_back(storage("s" + std::to_string(s), (1 + rng() % 4) * kMs / 2, uses, writes,
+                                   across));
+    }
+    ResidencyOptions options;
+    options.min_bytes = 1;
+    const std::int64_t unplanned = simulate_residency(m, {}, link()).peak_bytes;
+    options.budget_bytes = unplanned * (60 + rng() % 36) / 100;
+    options.strategy = ResidencyStrategy::kExact;
+    options.exact_max_gaps = 14;
+    ResidencyResult exact;
+    try {
+      exact = plan_residency(m, options, link());
+    } catch (const InvalidArgument&) {
+      continue;  // nothing fits, or too many candidates
+    }
+    options.strategy = ResidencyStrategy::kGreedy;
+    ResidencyResult greedy;
+    try {
+      greedy = plan_residency(m, options, link());
+    } catch (const InvalidArgument& e) {
+      ADD_FAILURE() << "trial " << trial << ": greedy found nothing where exact did: " << e.what();
+      continue;
+    }
+    ++compared;
+    EXPECT_LE(greedy.forecast.peak_bytes, options.budget_bytes) << trial;
+    EXPECT_GE(greedy.forecast.step_ms, exact.forecast.step_ms - 1e-9) << trial;
+    const double ratio = greedy.forecast.step_ms / exact.forecast.step_ms;
+    if (ratio <= 1.0 + 1e-9) ++optimal;
+    worst = std::max(worst, ratio);
+  }
+  RecordProperty("compared", compared);
+  RecordProperty("optimal", optimal);
+  RecordProperty("worst_ratio", std::to_string(worst));
+  std::printf("greedy vs exact: %d compared, %d optimal, worst %.3fx\n", compared, optimal, worst);
+  EXPECT_GE(compared, 25);
+}
+
+}  // namespace
+}  // namespace spillway

@@ -1,0 +1,456 @@
+// The residency model of a recorded step and its replay under a plan
+// (include/spillway/residency.h).
+//
+// Note [Residency replay]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Three steps in a row run position by position; the second is reported, so
+// a storage that spends the wrap on the host starts the step there, as it
+// does in steady state, and the copies that cross a step boundary count.
+//
+// At each position, in this order:
+//   (1) storages that a D2H has finished copying by the time the compute
+//       stream reaches the position are freed (the runtime lets a buffer go
+//       once its copy's event has completed);
+//   (2) the H2D copies issued here start, each when the H2D stream is free,
+//       the compute stream has reached the position and the storage's D2H (if
+//       one is under way) has landed; the storage's device bytes are
+//       allocated now (a storage whose D2H is still under way keeps its
+//       buffer instead: nothing to copy back);
+//   (3) the op waits for the H2D copies of the storages it uses, then
+//       computes for its time; a storage it makes is allocated before it
+//       runs; the live bytes while it runs (plus its scratch) are the
+//       position's;
+//   (4) after it, a storage with a gap planned whose last write before that
+//       gap is this op is written back: a D2H starts once the D2H stream is
+//       free and the op has finished (so a gap long after the write finds its
+//       host copy ready); then each storage whose gap starts here leaves the
+//       device, at once when its host copy is valid and landed, else when
+//       its write-back lands (1). A storage never written gets its host copy
+//       once, when the plan is made, not in every step. A storage made in the step and not kept
+//       is freed after its last use; a kept one at the end of the step.
+// A copy that overlaps a copy of the other direction runs at the duplex rate
+// for the whole of it (conservative). Placeholders' storages begin the first
+// step on the device with no host copy, unless their wrap gap is planned:
+// then they begin on the host, their copy valid.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "spillway/error.h"
+#include "spillway/residency.h"
+#include "sim/tensor_bytes.h"
+
+namespace spillway {
+namespace {
+
+[[noreturn]] void bad(const std::string& message) { throw InvalidArgument("residency", message); }
+
+// Storage ids of a value's tensors with the furthest byte each reaches.
+void storages_of(const Value& value, std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
+  if (value.is_tensor()) {
+    if (value.tensor.storage) out.emplace_back(*value.tensor.storage, sim::tensor_bytes(value.tensor).extent);
+    return;
+  }
+  for (const Value& element : value.elements) storages_of(element, out);
+}
+
+}  // namespace
+
+ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
+  verify_graph(graph);
+  ResidencyModel model;
+  const std::size_t n = graph.nodes.size();
+  model.op_ms.reserve(n);
+  std::unordered_map<NodeId, std::size_t> position;
+  std::unordered_map<std::int64_t, std::size_t> index;  // storage id -> model.storages
+  std::vector<std::int64_t> extent;
+  auto storage = [&](std::int64_t id, const std::string& name) -> std::size_t {
+    auto [it, added] = index.emplace(id, model.storages.size());
+    if (added) {
+      ResidencyStorage s;
+      s.id = id;
+      s.name = name;
+      model.storages.push_back(std::move(s));
+      extent.push_back(0);
+    }
+    return it->second;
+  };
+  // Use of storage s by the op at `pos`; one entry per position, writes merged.
+  auto use = [&](std::size_t s, std::int32_t pos, bool write) {
+    ResidencyStorage& st = model.storages[s];
+    if (!st.uses.empty() && st.uses.back() == pos) {
+      if (write) st.writes.back() = true;
+      return;
+    }
+    st.uses.push_back(pos);
+    st.writes.push_back(write);
+  };
+  std::vector<std::pair<std::int64_t, std::int64_t>> found;
+  for (std::size_t p = 0; p < n; ++p) {
+    const Node& node = graph.nodes[p];
+    const auto pos = static_cast<std::int32_t>(p);
+    position[node.id] = p;
+    model.op_names.push_back(node.name);
+    model.op_ms.push_back(cost.node_ms(graph, node));
+    const auto [scratch_a, scratch_b] = sim::scratch_bytes(node);
+    model.op_scratch.push_back(round_allocation(scratch_a, cost.profile()) +
+                               round_allocation(scratch_b, cost.profile()));
+    found.clear();
+    storages_of(node.value, found);
+    if (node.kind == NodeKind::kPlaceholder || node.kind == NodeKind::kGetAttr) {
+      for (const auto& [id, reach] : found) {
+        const std::size_t s = storage(id, node.name);
+        model.storages[s].across_steps = true;
+        extent[s] = std::max(extent[s], reach);
+      }
+      continue;
+    }
+    // What the schema writes.
+    std::set<std::int64_t> written;
+    if (const OpSchema* schema = graph.schema_of(node); schema && schema->is_mutable) {
+      auto mark = [&](const Arg& arg) {
+        std::vector<const Arg*> stack{&arg};
+        while (!stack.empty()) {
+          const Arg* a = stack.back();
+          stack.pop_back();
+          if (a->kind == Arg::Kind::kNode) {
+            found.clear();
+            storages_of(graph.nodes[position.at(a->node)].value, found);
+            for (const auto& f : found) written.insert(f.first);
+          }
+          for (const Arg& item : a->list) stack.push_back(&item);
+        }
+      };
+      std::size_t positional = 0;
+      for (const OpArgument& argument : schema->arguments) {
+        if (argument.kwarg_only) continue;
+        if (positional < node.args.size() && argument.is_write) mark(node.args[positional]);
+        ++positional;
+      }
+      for (const auto& [key, arg] : node.kwargs) {
+        for (const OpArgument& argument : schema->arguments) {
+          if (argument.name == key && argument.is_write) mark(arg);
+        }
+      }
+    }
+    const bool kept_by_output = node.kind == NodeKind::kOutput;
+    node.for_each_input([&](NodeId input) {
+      found.clear();
+      storages_of(graph.nodes[position.at(input)].value, found);
+      for (const auto& [id, reach] : found) {
+        const std::size_t s = storage(id, graph.nodes[position.at(input)].name);
+        if (kept_by_output) {
+          model.storages[s].kept = true;
+        } else {
+          use(s, pos, written.count(id) > 0);
+        }
+      }
+    });
+    if (kept_by_output) continue;
+    found.clear();
+    storages_of(node.value, found);
+    for (const auto& [id, reach] : found) {
+      const bool existed = index.count(id) > 0;
+      const std::size_t s = storage(id, node.name);
+      extent[s] = std::max(extent[s], reach);
+      use(s, pos, written.count(id) > 0 || !existed);  // making a storage writes it
+    }
+  }
+  for (std::size_t s = 0; s < model.storages.size(); ++s) {
+    model.storages[s].bytes = round_allocation(extent[s], cost.profile());
+  }
+  // Storages no op uses (a placeholder nothing reads) cannot move; they stay.
+  return model;
+}
+
+namespace {
+
+struct Copy {
+  double start = 0;
+  double end = 0;
+};
+
+// One copy stream: copies in issue order, each after the one before.
+struct Stream {
+  double free_at = 0;
+  std::vector<Copy> busy;
+  bool overlaps(double start, double end) const {
+    for (auto it = busy.rbegin(); it != busy.rend(); ++it) {
+      if (it->end <= start) break;
+      if (it->start < end) return true;
+    }
+    return false;
+  }
+};
+
+class Replay {
+ public:
+  Replay(const ResidencyModel& model, const ResidencyPlan& plan, const CostModel& cost)
+      : model_(model), cost_(cost), n_(static_cast<std::int32_t>(model.op_ms.size())) {
+    check(plan);
+    for (const HostGap& gap : plan.gaps) {
+      const ResidencyStorage& st = model.storages[gap.storage];
+      const std::int32_t start = st.uses[gap.after];
+      const bool wrap = gap.after + 1 == static_cast<std::int32_t>(st.uses.size());
+      const std::int32_t next = wrap ? st.uses.front() + n_ : st.uses[gap.after + 1];
+      leaves_after_[start].push_back(gap.storage);
+      // The copy back is issued at next - lead: in the step before the next use's
+      // when that is below n (a wrap gap's early copy).
+      issues_at_[(next - gap.lead) % n_].push_back(gap.storage);
+      if (wrap) starts_on_host_.insert(gap.storage);
+      moved_.insert(gap.storage);
+      // Its host copy is written back right after the last write before the gap.
+      const auto uses = static_cast<std::int32_t>(st.uses.size());
+      const std::int32_t back = st.across_steps ? uses : gap.after + 1;
+      for (std::int32_t k = 0; k < back; ++k) {
+        const std::int32_t j = ((gap.after - k) % uses + uses) % uses;
+        if (st.writes[j]) {
+          writebacks_after_[st.uses[j]].insert(gap.storage);
+          break;
+        }
+        if (k + 1 == back && st.across_steps) never_written_.insert(gap.storage);
+      }
+    }
+  }
+
+  ResidencyForecast run() {
+    const std::size_t storages = model_.storages.size();
+    on_device_.assign(storages, false);
+    host_valid_.assign(storages, false);
+    d2h_done_.assign(storages, -1.0);
+    h2d_done_.assign(storages, 0.0);
+    alive_.assign(storages, false);
+    for (std::size_t s = 0; s < storages; ++s) {
+      const ResidencyStorage& st = model_.storages[s];
+      if (!st.across_steps) continue;
+      alive_[s] = true;
+      // A storage never written has its host copy from the start (made once).
+      if (never_written_.count(static_cast<std::int32_t>(s))) host_valid_[s] = true;
+      if (starts_on_host_.count(static_cast<std::int32_t>(s))) {
+        host_valid_[s] = true;
+      } else {
+        allocate(s);
+      }
+    }
+    ResidencyForecast out;
+    out.live_bytes.assign(n_, 0);
+    double step_start = 0;
+    for (int step = 0; step < 3; ++step) {
+      const bool reported = step == 1;
+      if (reported) {
+        step_start = now_;
+        d2h_bytes_ = h2d_bytes_ = 0;
+        stall_ = 0;
+      }
+      for (std::int32_t p = 0; p < n_; ++p) position(p, reported, out);
+      // A storage made in the step and kept goes when the next step makes it again.
+      for (std::size_t s = 0; s < storages; ++s) {
+        if (!model_.storages[s].across_steps && alive_[s]) {
+          release(s);
+          alive_[s] = false;
+        }
+      }
+      if (reported) {
+        out.step_ms = now_ - step_start;
+        out.stall_ms = stall_;
+        out.bytes_d2h = d2h_bytes_;
+        out.bytes_h2d = h2d_bytes_;
+      }
+    }
+    for (double ms : model_.op_ms) out.compute_ms += ms;
+    for (std::int32_t s : moved_) out.host_bytes += model_.storages[s].bytes;
+    return out;
+  }
+
+ private:
+  void check(const ResidencyPlan& plan) const {
+    std::set<std::pair<std::int32_t, std::int32_t>> seen;
+    for (std::size_t g = 0; g < plan.gaps.size(); ++g) {
+      const HostGap& gap = plan.gaps[g];
+      const std::string where = "gap " + std::to_string(g) + ": ";
+      if (gap.storage < 0 || gap.storage >= static_cast<std::int32_t>(model_.storages.size())) {
+        bad(where + "storage " + std::to_string(gap.storage) + " out of range");
+      }
+      const ResidencyStorage& st = model_.storages[gap.storage];
+      const auto uses = static_cast<std::int32_t>(st.uses.size());
+      if (gap.after < 0 || gap.after >= uses) {
+        bad(where + "use " + std::to_string(gap.after) + " of storage " + st.name + " out of range (" +
+            std::to_string(uses) + " uses)");
+      }
+      const bool wrap = gap.after + 1 == uses;
+      if (wrap && !st.across_steps) {
+        bad(where + "storage " + st.name + " is made in the step: its last use has no gap after it");
+      }
+      const std::int32_t start = st.uses[gap.after];
+      const std::int32_t next = wrap ? st.uses.front() + n_ : st.uses[gap.after + 1];
+      if (next - start < 2) bad(where + "no op between two uses of " + st.name);
+      if (gap.lead < 1 || gap.lead >= next - start) {
+        bad(where + "lead " + std::to_string(gap.lead) + " outside 1.." + std::to_string(next - start - 1));
+      }
+      if (!seen.insert({gap.storage, gap.after}).second) bad(where + "the same gap twice");
+    }
+  }
+
+  void allocate(std::size_t s) {
+    if (on_device_[s]) return;
+    on_device_[s] = true;
+    live_ += model_.storages[s].bytes;
+  }
+  void release(std::size_t s) {
+    if (!on_device_[s]) return;
+    on_device_[s] = false;
+    live_ -= model_.storages[s].bytes;
+  }
+
+  double copy(Stream& self, Stream& other, double start, std::int64_t bytes, bool h2d) {
+    start = std::max(start, self.free_at);
+    const double alone = h2d ? cost_.h2d_ms(bytes) : cost_.d2h_ms(bytes);
+    const double end = other.overlaps(start, start + alone)
+                           ? start + (h2d ? cost_.h2d_ms(bytes, true) : cost_.d2h_ms(bytes, true))
+                           : start + alone;
+    self.free_at = end;
+    self.busy.push_back({start, end});
+    return end;
+  }
+
+  void position(std::int32_t p, bool reported, ResidencyForecast& out) {
+    // (1) Frees of storages whose D2H has landed.
+    for (auto it = pending_free_.begin(); it != pending_free_.end();) {
+      if (d2h_done_[*it] <= now_) {
+        release(*it);
+        it = pending_free_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // (2) Copies back issued here.
+    if (auto it = issues_at_.find(p); it != issues_at_.end()) {
+      for (const std::size_t s : it->second) {
+        if (pending_free_.erase(s) > 0) {  // its D2H has not landed: the buffer is still here
+          h2d_done_[s] = 0;
+          continue;
+        }
+        if (on_device_[s]) continue;  // never left (the first step, before the gap's start)
+        allocate(s);
+        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true);
+        h2d_bytes_ += model_.storages[s].bytes;
+      }
+    }
+    // (3) The op.
+    double begin = now_;
+    for (std::size_t s : uses_at(p)) {
+      if (!on_device_[s]) {  // a storage whose copy back was planned for the step before
+        if (!alive_[s] && !model_.storages[s].across_steps) {
+          alive_[s] = true;  // made here
+          allocate(s);
+          continue;
+        }
+        allocate(s);
+        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true);
+        h2d_bytes_ += model_.storages[s].bytes;
+      }
+      pending_free_.erase(s);
+      begin = std::max(begin, h2d_done_[s]);
+      alive_[s] = true;
+    }
+    if (reported) stall_ += begin - now_;
+    const std::int64_t live = live_ + model_.op_scratch[p];
+    if (reported) {
+      out.live_bytes[p] = live;
+      if (live > out.peak_bytes) {
+        out.peak_bytes = live;
+        out.peak_op = p;
+      }
+    }
+    now_ = begin + model_.op_ms[p];
+    for (std::size_t s : uses_at(p)) {
+      if (writes_at(s, p)) host_valid_[s] = false;
+    }
+    // (4) Write-backs, then leaving the device.
+    if (auto it = writebacks_after_.find(p); it != writebacks_after_.end()) {
+      for (std::int32_t s : it->second) {
+        d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false);
+        d2h_bytes_ += model_.storages[s].bytes;
+        host_valid_[s] = true;
+      }
+    }
+    if (auto it = leaves_after_.find(p); it != leaves_after_.end()) {
+      for (std::int32_t s : it->second) {
+        if (host_valid_[s] && d2h_done_[s] > now_) {
+          pending_free_.insert(s);  // its write-back is under way
+        } else if (host_valid_[s]) {
+          release(s);
+        } else {  // the first step: no write-back before it yet
+          d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false);
+          d2h_bytes_ += model_.storages[s].bytes;
+          host_valid_[s] = true;
+          pending_free_.insert(s);
+        }
+      }
+    }
+    for (std::size_t s : last_uses_at(p)) {
+      release(s);
+      pending_free_.erase(s);
+      alive_[s] = false;
+      host_valid_[s] = false;
+    }
+  }
+
+  const std::vector<std::size_t>& uses_at(std::int32_t p) {
+    if (uses_by_position_.empty()) index_uses();
+    return uses_by_position_[p];
+  }
+  const std::vector<std::size_t>& last_uses_at(std::int32_t p) {
+    if (uses_by_position_.empty()) index_uses();
+    return last_by_position_[p];
+  }
+  bool writes_at(std::size_t s, std::int32_t p) const {
+    const ResidencyStorage& st = model_.storages[s];
+    const auto it = std::lower_bound(st.uses.begin(), st.uses.end(), p);
+    return it != st.uses.end() && *it == p && st.writes[it - st.uses.begin()];
+  }
+  void index_uses() {
+    uses_by_position_.assign(n_, {});
+    last_by_position_.assign(n_, {});
+    for (std::size_t s = 0; s < model_.storages.size(); ++s) {
+      const ResidencyStorage& st = model_.storages[s];
+      for (std::int32_t p : st.uses) uses_by_position_[p].push_back(s);
+      if (!st.across_steps && !st.kept && !st.uses.empty()) last_by_position_[st.uses.back()].push_back(s);
+    }
+  }
+
+  const ResidencyModel& model_;
+  const CostModel& cost_;
+  const std::int32_t n_;
+  std::map<std::int32_t, std::vector<std::int32_t>> leaves_after_;
+  std::map<std::int32_t, std::vector<std::int32_t>> issues_at_;
+  std::set<std::int32_t> starts_on_host_;
+  std::map<std::int32_t, std::set<std::int32_t>> writebacks_after_;
+  std::set<std::int32_t> never_written_;
+  std::set<std::int32_t> moved_;
+  std::vector<std::vector<std::size_t>> uses_by_position_, last_by_position_;
+  std::vector<bool> on_device_, host_valid_, alive_;
+  std::vector<double> d2h_done_, h2d_done_;
+  std::set<std::size_t> pending_free_;
+  Stream d2h_, h2d_;
+  double now_ = 0;
+  double stall_ = 0;
+  std::int64_t live_ = 0;
+  std::int64_t d2h_bytes_ = 0, h2d_bytes_ = 0;
+};
+
+}  // namespace
+
+ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
+                                     const CostModel& cost) {
+  return Replay(model, plan, cost).run();
+}
+
+}  // namespace spillway
