@@ -88,6 +88,12 @@ struct ResidencyForecast {
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
                                      const CostModel& cost);
 
+// The position after which a gap's storage is written back to the host: its
+// last writing use at or before the gap's start (for a storage that lives
+// across steps, possibly in the step before: a position after the gap's
+// start), or -1 when nothing ever writes it (its host copy is made once).
+std::int32_t write_back_position(const ResidencyModel& model, const HostGap& gap);
+
 enum class ResidencyStrategy {
   kGreedy,  // cover the peak with the gaps that hide best, then drop what is not needed
   kExact,   // every subset of the candidates (at most exact_max_gaps): the test oracle

@@ -282,3 +282,153 @@ def test_the_cli_plans_residency_for_a_saved_trace(wider_step, tmp_path):
     assert text.returncode == 0 and "predicted peak:" in text.stdout, text.stderr
     bad = subprocess.run([cli, "simulate", path, "--budget", "-1"], capture_output=True, text=True)
     assert bad.returncode != 0 and "budget" in bad.stderr
+
+
+# ---- replay (Note [Replay] in python/spillway/trace/_replay.py) ---------------------
+
+
+def _twins(seed=5):
+    model, ids = tiny_llama(seed, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
+    twin = copy.deepcopy(model)
+    return (model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+            twin, torch.optim.AdamW(twin.parameters(), lr=1e-3), ids)
+
+
+def _llama_step(model, optimizer, ids, k):
+    loss = model(ids.roll(k, 1), labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.detach()
+
+
+def _same(model, optimizer, twin, twin_optimizer):
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(p, q), name
+        for key, value in optimizer.state[p].items():
+            assert torch.equal(value, twin_optimizer.state[q][key]), (name, key)
+
+
+def _recorded(model, optimizer, twin, twin_optimizer, ids):
+    """Step 0 unrecorded (AdamW makes its state), step 1 recorded; both twins stepped."""
+    for k in range(2):
+        with (spillway.trace.record(model, optimizer) if k == 1 else contextlib_null()) as r:
+            a = _llama_step(model, optimizer, ids, k)
+        assert torch.equal(a, _llama_step(twin, twin_optimizer, ids, k))
+    return r.trace
+
+
+def contextlib_null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.3])
+def test_replay_under_a_plan_is_exact_and_really_moves_storages(fraction):
+    """Loss, parameters and AdamW state torch.equal to the unplanned twin after every
+    replayed step; storages are really freed while away (resized to 0 bytes)."""
+    model, opt, twin, twin_opt, ids = _twins()
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    plan = spillway.trace.plan(trace, fraction, min_bytes=64 << 10)
+    replay = spillway.trace.replay(trace, plan)
+    away_in_forward = []
+    hook = model.model.layers[2].register_forward_pre_hook(
+        lambda m, a: away_in_forward.append(len(replay._off)))
+    with replay:
+        for k in range(2, 6):
+            with replay.step():
+                loss = _llama_step(model, opt, ids, k)
+            assert torch.equal(loss, _llama_step(twin, twin_opt, ids, k)), k
+            _same(model, opt, twin, twin_opt)  # reads bring what is away back
+    hook.remove()
+    s = replay.stats()
+    assert s["misses"] == 0 and s["steps"] == 4
+    assert s["left"] >= 4 * len(plan["storages"]) // 2 and s["copies_back"] > 0
+    assert max(away_in_forward) > 0
+    assert s["away"] == 0  # leaving the context brought everything back
+    _same(model, opt, twin, twin_opt)
+
+
+def test_reading_an_away_storage_between_steps_brings_it_back():
+    model, opt, twin, twin_opt, ids = _twins(6)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    replay = spillway.trace.replay(trace, spillway.trace.plan(trace, 0.3, min_bytes=64 << 10))
+    with replay:
+        with replay.step():
+            _llama_step(model, opt, ids, 2)
+        _llama_step(twin, twin_opt, ids, 2)
+        away = [(p, key, value) for p in model.parameters()
+                for key, value in opt.state[p].items()
+                if value.untyped_storage().nbytes() == 0]
+        assert away, "the plan leaves no optimizer state away between steps"
+        before = replay.stats()["on_demand"]
+        p, key, value = away[0]
+        q = dict(zip(map(id, model.parameters()), twin.parameters()))[id(p)]
+        assert torch.equal(value, twin_opt.state[q][key])
+        assert replay.stats()["on_demand"] == before + 1
+        assert value.untyped_storage().nbytes() > 0
+
+
+def test_divergent_steps_stay_exact_count_misses_and_get_recorded_again():
+    """An extra op, then a changed shape: each step diverges, every storage
+    comes back, the result is exact, the miss is counted; after max_misses diverged
+    steps in a row the next step is recorded and planned again, and steps like it
+    follow the new plan."""
+    model, opt, twin, twin_opt, ids = _twins(7)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    replay = spillway.trace.replay(trace, 0.4, min_bytes=64 << 10, max_misses=3)
+    short = ids[:, :64]
+
+    def extra_op(m, o, x, k):
+        (x.float() * 2).sum()  # an op the trace does not have
+        return _llama_step(m, o, x, k)
+
+    with replay:
+        for k, (run, x) in enumerate([(extra_op, ids), (_llama_step, short),
+                                      (_llama_step, short), (_llama_step, short),
+                                      (_llama_step, short), (_llama_step, short)]):
+            with replay.step():
+                a = run(model, opt, x, k)
+            b = run(twin, twin_opt, x, k)
+            assert torch.equal(a, b), k
+            _same(model, opt, twin, twin_opt)
+        s = replay.stats()
+        # Steps 0-2 diverge (extra op, then the short sequence twice more): 3 in a row;
+        # step 3 is recorded; steps 4-5 follow the short sequence's plan.
+        assert s["misses"] == 3, (s, getattr(replay, "last_miss", None))
+        assert s["recorded"] == 1
+        assert s["copies_back"] > 0
+    with replay:
+        with replay.step():
+            a = _llama_step(model, opt, ids, 9)  # the long sequence again: diverges
+        assert torch.equal(a, _llama_step(twin, twin_opt, ids, 9))
+        assert replay.stats()["misses"] == 4
+
+
+def test_a_skipped_layer_diverges_and_stays_exact():
+    model, opt, twin, twin_opt, ids = _twins(8)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    replay = spillway.trace.replay(trace, spillway.trace.plan(trace, 0.4, min_bytes=64 << 10))
+    layers = model.model.layers
+    with replay:
+        with replay.step():
+            model.model.layers = layers[:3]
+            twin_layers = twin.model.layers
+            twin.model.layers = twin_layers[:3]
+            try:
+                a = _llama_step(model, opt, ids, 2)
+                b = _llama_step(twin, twin_opt, ids, 2)
+            finally:
+                model.model.layers, twin.model.layers = layers, twin_layers
+        assert torch.equal(a, b)
+        assert replay.stats()["misses"] == 1
+    _same(model, opt, twin, twin_opt)
+
+
+def test_replay_misuse_is_a_clear_error():
+    model, opt, twin, twin_opt, ids = _twins(9)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    replay = spillway.trace.replay(trace, spillway.trace.plan(trace, 0.5, min_bytes=64 << 10))
+    with pytest.raises(RuntimeError, match=r"^\[replay\] step\(\) runs inside `with replay:`"):
+        with replay.step():
+            pass

@@ -44,13 +44,29 @@ json residency_json(const ResidencyModel& model, const ResidencyResult& result, 
                     {"leaves_after", model.op_names[st.uses[gap.after]]},
                     {"back_before", model.op_names[next % n]},
                     {"issued_at", model.op_names[(next - gap.lead) % n]},
-                    {"wrap", wrap}});
+                    {"wrap", wrap},
+                    {"after_pos", st.uses[gap.after]},
+                    {"back_pos", next % n},
+                    {"issue_pos", (next - gap.lead) % n},
+                    {"write_back_pos", write_back_position(model, gap)}});
+  }
+  // What the executor needs of each moved storage: where it is used and written.
+  json storages = json::object();
+  for (const HostGap& gap : result.plan.gaps) {
+    const ResidencyStorage& st = model.storages[gap.storage];
+    json writes = json::array();
+    for (std::size_t k = 0; k < st.uses.size(); ++k) {
+      if (st.writes[k]) writes.push_back(st.uses[k]);
+    }
+    storages[std::to_string(st.id)] = {{"name", st.name}, {"bytes", st.bytes}, {"uses", st.uses},
+                                       {"writes", writes}, {"across_steps", st.across_steps}};
   }
   return {{"budget_bytes", budget_bytes},
           {"candidates", result.candidates},
           {"unplanned", forecast_json(model, result.unplanned)},
           {"forecast", forecast_json(model, result.forecast)},
-          {"gaps", gaps}};
+          {"gaps", gaps},
+          {"storages", storages}};
 }
 
 std::string format_residency_text(const ResidencyModel& model, const ResidencyResult& result,

@@ -15,7 +15,10 @@ namespace spillway::cli {
 // "budget_bytes", "candidates", "unplanned" and "forecast" (step_ms,
 // compute_ms, stall_ms, peak_bytes, peak_op (a name), bytes_d2h, bytes_h2d,
 // host_bytes), and "gaps": one object per planned gap (storage (the graph's
-// id), name, bytes, leaves_after, back_before, issued_at (op names), wrap).
+// id), name, bytes, leaves_after, back_before, issued_at (op names), wrap, and
+// the same as node positions: after_pos, back_pos, issue_pos, write_back_pos
+// (-1: never written)), and "storages": per moved storage id (as text) its
+// name, bytes, uses and writes (positions) and across_steps.
 nlohmann::json residency_json(const ResidencyModel& model, const ResidencyResult& result,
                               std::int64_t budget_bytes);
 

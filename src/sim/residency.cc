@@ -207,15 +207,11 @@ class Replay {
       if (wrap) starts_on_host_.insert(gap.storage);
       moved_.insert(gap.storage);
       // Its host copy is written back right after the last write before the gap.
-      const auto uses = static_cast<std::int32_t>(st.uses.size());
-      const std::int32_t back = st.across_steps ? uses : gap.after + 1;
-      for (std::int32_t k = 0; k < back; ++k) {
-        const std::int32_t j = ((gap.after - k) % uses + uses) % uses;
-        if (st.writes[j]) {
-          writebacks_after_[st.uses[j]].insert(gap.storage);
-          break;
-        }
-        if (k + 1 == back && st.across_steps) never_written_.insert(gap.storage);
+      const std::int32_t written = write_back_position(model, gap);
+      if (written >= 0) {
+        writebacks_after_[written].insert(gap.storage);
+      } else {
+        never_written_.insert(gap.storage);
       }
     }
   }
@@ -447,6 +443,17 @@ class Replay {
 };
 
 }  // namespace
+
+std::int32_t write_back_position(const ResidencyModel& model, const HostGap& gap) {
+  const ResidencyStorage& st = model.storages.at(gap.storage);
+  const auto uses = static_cast<std::int32_t>(st.uses.size());
+  const std::int32_t back = st.across_steps ? uses : gap.after + 1;
+  for (std::int32_t k = 0; k < back; ++k) {
+    const std::int32_t j = ((gap.after - k) % uses + uses) % uses;
+    if (st.writes[j]) return st.uses[j];
+  }
+  return -1;
+}
 
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
                                      const CostModel& cost) {

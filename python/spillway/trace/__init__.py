@@ -19,7 +19,7 @@ import os
 from spillway.trace._opaque import opaque
 from spillway.trace._recorder import Recorder, StorageInfo, Trace
 
-__all__ = ["record", "save", "load", "plan", "opaque", "Trace", "StorageInfo"]
+__all__ = ["record", "save", "load", "plan", "replay", "opaque", "Trace", "StorageInfo"]
 
 
 @contextlib.contextmanager
@@ -84,3 +84,28 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     return json.loads(_C.plan_residency(
         json.dumps(graph), budget, device_profile_json=device_profile_json(device_profile, "trace"),
         min_bytes=min_bytes, strategy=strategy, live_bytes=live_bytes))
+
+
+def replay(trace, plan_or_budget, *, max_misses: int = 3, min_bytes: int = 1 << 20,
+           device_profile=None):
+    """The executor of a residency plan (Note [Replay] in _replay.py):
+
+        with spillway.trace.replay(trace, 0.5) as r:   # or a plan from plan()
+            for batch in data:
+                with r.step():
+                    ...one training step, as recorded...
+        r.stats()
+
+    Inside `with`, every op first brings back any storage it touches that is away, so
+    tensors stay valid between steps too; leaving it brings everything back. A budget
+    (bytes, fraction or text, as plan() takes) also lets a step that diverged
+    max_misses times in a row be recorded and planned again."""
+    from spillway.trace._replay import Replay
+    budget = None
+    if isinstance(plan_or_budget, dict) and "gaps" in plan_or_budget:
+        plan_dict = plan_or_budget
+    else:
+        budget = plan_or_budget
+        plan_dict = plan(trace, budget, min_bytes=min_bytes, device_profile=device_profile)
+    return Replay(trace, plan_dict, budget=budget, max_misses=max_misses, min_bytes=min_bytes,
+                  device_profile=device_profile)

@@ -1,0 +1,444 @@
+"""The replay executor: later steps run under a residency plan (Note [Replay]).
+
+Note [Replay]
+~~~~~~~~~~~~~
+A plan (spillway.trace.plan) names, per moved storage, the gaps between its
+uses that it spends in host memory. Replay runs each step under a dispatch
+mode that counts ops as the recorder did and acts at each op index: before
+it, copies back that are due are issued and the op's storages that are off
+the device are waited for; after it, storages are written back after their
+last write before a gap, and leave the device where a gap starts.
+
+Storage swapping keeps every Python reference valid: a storage that leaves
+the device is resized to zero bytes (its memory goes back to the caching
+allocator) and the same storage is resized and copied into when it comes
+back, so parameters, optimizer state, autograd's saved tensors and every view
+of them are the same objects throughout. Nothing reads a storage while it is
+away: every op that runs under the mode, inside a step or between steps,
+first brings back any storage it touches (counted as on_demand when the plan
+did not foresee it).
+
+Copies run on two side streams: a D2H stream that waits for the compute
+stream, then copies into the storage's host buffer (pinned; one per moved
+storage, made once); an H2D stream that waits for the compute stream (the
+storage's new memory is allocated in its order), then copies back. The
+compute stream waits for a storage's H2D event before the op that needs it,
+and for its D2H event before an op that writes it. A storage leaves once its
+write-back has landed (polled at each op), as the simulator has it; one that
+is needed again before that keeps its memory.
+
+Storages are numbered by first appearance, as the recorder numbered them, so
+the trace's storage ids name the same storages in every step. An op whose
+target, output shapes or output storages differ from the trace's at that
+index is a divergence: every storage comes back at once, the miss is
+counted, and the rest of the step runs with everything on the device
+(exact, just not planned). After max_misses steps in a row that diverged,
+or when asked (rerecord()), the next step is recorded again and planned
+anew for the same budget.
+
+On a CPU "device" (tests, the fake backend's stand-in) copies are
+synchronous and host buffers are plain CPU tensors: the storage really is
+freed and restored, so exactness is tested for real.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_active: list["Replay"] = []
+
+
+def active() -> "Replay | None":
+    return _active[-1] if _active else None
+
+
+def _tensors(value, out: list) -> list:
+    """Tensors in args order (lists depth-first, then kwargs), as the recorder walks them."""
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _tensors(v, out)
+    return out
+
+
+def _key(tensor: torch.Tensor):
+    try:
+        storage = tensor.untyped_storage()
+        return storage._cdata, storage
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None, None
+
+
+class _Moved:
+    """One storage the plan moves: its host buffer, where it is, its copies."""
+
+    __slots__ = ("sid", "nbytes", "name", "ref", "host", "host_valid", "state", "d2h", "h2d")
+
+    def __init__(self, sid: int, nbytes: int, name: str):
+        self.sid, self.nbytes, self.name = sid, nbytes, name
+        self.ref = None          # weakref to its UntypedStorage in this step
+        self.host = None         # its host buffer (uint8), made at its first write-back
+        self.host_valid = False
+        self.state = "device"    # device, leaving (write-back under way), host, coming
+        self.d2h = None          # the write-back's event (CUDA), None when done
+        self.h2d = None          # the copy back's event (CUDA)
+
+
+class Replay(TorchDispatchMode):
+    """Steps under a residency plan (Note [Replay]); made by spillway.trace.replay()."""
+
+    def __init__(self, trace, plan: dict, *, budget=None, max_misses: int = 3,
+                 min_bytes: int = 1 << 20, device_profile=None):
+        super().__init__()
+        self._budget, self._min_bytes, self._profile = budget, min_bytes, device_profile
+        self.max_misses = max_misses
+        self._lock = threading.RLock()
+        self._stats = {"steps": 0, "misses": 0, "on_demand": 0, "left": 0, "write_backs": 0,
+                       "copies_back": 0, "bytes_d2h": 0, "bytes_h2d": 0, "recorded": 0}
+        self._entered = False
+        self._record_next = False
+        self._diverged_in_a_row = 0
+        self._moved: dict[int, _Moved] = {}
+        self._off: dict[int, _Moved] = {}  # storage key -> a moved storage not on the device
+        self._streams = None
+        self._load(trace, plan)
+
+    # ---- the plan as per-op actions ----
+
+    def _load(self, trace, plan: dict) -> None:
+        self.trace, self.plan = trace, plan
+        nodes = trace.graph["nodes"]
+        self._op_pos = [p for p, n in enumerate(nodes) if n["kind"] == "call_function"]
+        n_ops = len(self._op_pos)
+        k, index_of = 0, {}  # position -> the first op at or after it
+        for p in range(len(nodes)):
+            while k < n_ops and self._op_pos[k] < p:
+                k += 1
+            index_of[p] = k if k < n_ops else 0  # past the last op: the next step's first
+        op_at = {p: i for i, p in enumerate(self._op_pos)}
+        self._expected = []
+        for p in self._op_pos:
+            node = nodes[p]
+            outs = []
+            _values(node["value"], outs)
+            self._expected.append((node["target"], outs))
+        before = [[] for _ in range(n_ops)]
+        after_write_back = [[] for _ in range(n_ops)]
+        after_leave = [[] for _ in range(n_ops)]
+        writes = [[] for _ in range(n_ops)]
+        old = self._moved
+        self._moved = {}
+        for sid_text, info in plan.get("storages", {}).items():
+            sid = int(sid_text)
+            moved = old.get(sid) if old.get(sid) is not None and old[sid].nbytes == info["bytes"] \
+                else _Moved(sid, info["bytes"], info["name"])
+            self._moved[sid] = moved
+            for p in info["writes"]:
+                writes[op_at[p]].append(sid)
+        for gap in plan.get("gaps", []):
+            sid = gap["storage"]
+            before[index_of[gap["issue_pos"]]].append(sid)
+            after_leave[op_at[gap["after_pos"]]].append(sid)
+            if gap["write_back_pos"] >= 0:
+                after_write_back[op_at[gap["write_back_pos"]]].append(sid)
+        self._before, self._write_back, self._leave, self._writes = (
+            before, after_write_back, after_leave, writes)
+        self._n_ops = n_ops
+
+    # ---- the mode ----
+
+    def __enter__(self):
+        if _active:
+            raise RuntimeError("[replay] a replay is already active")
+        _active.append(self)
+        self._entered = True
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            self._bring_all_back()
+        finally:
+            result = super().__exit__(*exc)
+            _active.remove(self)
+            self._entered = False
+        return result
+
+    def detach(self) -> None:
+        """Every moved storage back on the device (also what leaving the context does)."""
+        with self._lock:
+            self._bring_all_back()
+
+    def rerecord(self) -> None:
+        """Record the next step again and plan it anew for the same budget."""
+        self._record_next = True
+
+    def stats(self) -> dict:
+        return dict(self._stats, away=len(self._off))
+
+    @contextlib.contextmanager
+    def step(self):
+        """One training step under the plan (or recorded again: rerecord(), or after
+        max_misses diverged steps in a row)."""
+        if not self._entered:
+            raise RuntimeError("[replay] step() runs inside `with replay:` (the mode that "
+                               "guards every storage away from the device)")
+        if self._record_next:
+            yield from self._recorded_step()
+            return
+        with self._lock:
+            self._k, self._following = 0, True
+            self._ids: dict[int, int] = {}
+            self._refs: list = []
+            self._next_sid = 0
+            self._in_step = True
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._in_step = False
+                if self._following and self._k != self._n_ops:
+                    self._diverge(f"the step ran {self._k} ops, the trace {self._n_ops}")
+                self._stats["steps"] += 1
+                if self._following:
+                    self._diverged_in_a_row = 0
+                else:
+                    self._diverged_in_a_row += 1
+                    if self._diverged_in_a_row >= self.max_misses and self._budget is not None:
+                        self._record_next = True
+
+    def _recorded_step(self):
+        from spillway.trace import _recorder, plan as make_plan
+        self._bring_all_back()
+        # The recorder runs beneath this mode: pop ours while it records.
+        super().__exit__(None, None, None)
+        recording = _recorder.Recorder()
+        try:
+            with recording:
+                yield self
+        finally:
+            super().__enter__()
+        self._record_next = False
+        self._diverged_in_a_row = 0
+        self._stats["recorded"] += 1
+        self._stats["steps"] += 1
+        new_plan = make_plan(recording.trace, self._budget, min_bytes=self._min_bytes,
+                             device_profile=self._profile)
+        with self._lock:
+            self._load(recording.trace, new_plan)
+
+    # ---- copies ----
+
+    def _copy_streams(self, device: torch.device):
+        if device.type != "cuda":
+            return None
+        if self._streams is None:
+            self._streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        return self._streams
+
+    @staticmethod
+    def _bytes_of(storage) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
+            storage, 0, (storage.nbytes(),))
+
+    def _write_back_now(self, m: _Moved, storage) -> None:
+        m.nbytes = storage.nbytes()
+        if m.host is None or m.host.numel() != m.nbytes:
+            m.host = torch.empty(m.nbytes, dtype=torch.uint8,
+                                 pin_memory=storage.device.type == "cuda")
+        source = self._bytes_of(storage)
+        streams = self._copy_streams(storage.device)
+        if streams is None:
+            m.host.copy_(source)
+            m.d2h = None
+        else:
+            d2h = streams[0]
+            d2h.wait_stream(torch.cuda.current_stream(storage.device))
+            with torch.cuda.stream(d2h):
+                m.host.copy_(source, non_blocking=True)
+                m.d2h = torch.cuda.Event()
+                m.d2h.record(d2h)
+        m.host_valid = True
+        self._stats["write_backs"] += 1
+        self._stats["bytes_d2h"] += m.nbytes
+
+    def _storage(self, m: _Moved):
+        return m.ref() if m.ref is not None else None
+
+    def _leave_now(self, m: _Moved) -> None:
+        storage = self._storage(m)
+        if storage is None or m.state != "device" or storage.nbytes() == 0:
+            return
+        if not m.host_valid:
+            self._write_back_now(m, storage)
+        m.state = "leaving"
+        self._off[storage._cdata] = m
+        self._poll_one(m, storage)
+
+    def _poll_one(self, m: _Moved, storage) -> None:
+        if m.state == "leaving" and (m.d2h is None or m.d2h.query()):
+            m.d2h = None
+            storage.resize_(0)
+            m.state = "host"
+            self._stats["left"] += 1
+
+    def _poll(self) -> None:
+        for m in list(self._off.values()):
+            if m.state == "leaving":
+                storage = self._storage(m)
+                if storage is not None:
+                    self._poll_one(m, storage)
+
+    def _issue(self, m: _Moved) -> None:
+        storage = self._storage(m)
+        if storage is None:
+            return
+        if m.state == "leaving":  # its write-back has not landed: keep the memory
+            m.state = "device"
+            self._off.pop(storage._cdata, None)
+            if m.d2h is not None:
+                torch.cuda.current_stream(storage.device).wait_event(m.d2h)
+                m.d2h = None
+            return
+        if m.state != "host":
+            return
+        storage.resize_(m.nbytes)
+        target = self._bytes_of(storage)
+        streams = self._copy_streams(storage.device)
+        if streams is None:
+            target.copy_(m.host)
+            m.h2d = None
+        else:
+            h2d = streams[1]
+            h2d.wait_stream(torch.cuda.current_stream(storage.device))
+            with torch.cuda.stream(h2d):
+                target.copy_(m.host, non_blocking=True)
+                m.h2d = torch.cuda.Event()
+                m.h2d.record(h2d)
+        m.state = "coming"
+        self._stats["copies_back"] += 1
+        self._stats["bytes_h2d"] += m.nbytes
+
+    def _ensure(self, m: _Moved, storage, planned: bool) -> None:
+        """The storage is on the device, and the compute stream has waited for it."""
+        if m.state in ("host", "leaving"):
+            if not planned:
+                self._stats["on_demand"] += 1
+            self._issue(m)
+        if m.state == "coming":
+            if m.h2d is not None:
+                torch.cuda.current_stream(storage.device).wait_event(m.h2d)
+                m.h2d = None
+            m.state = "device"
+            self._off.pop(storage._cdata, None)
+
+    def _bring_all_back(self) -> None:
+        # Our own copies must not pass through this mode when called from outside it.
+        with torch.utils._python_dispatch._disable_current_modes():
+            for m in list(self._off.values()):
+                storage = self._storage(m)
+                if storage is not None:
+                    self._ensure(m, storage, planned=True)
+        self._off.clear()
+
+    def _diverge(self, why: str) -> None:
+        self._following = False
+        self._stats["misses"] += 1
+        self.last_miss = why
+        self._bring_all_back()
+
+    # ---- numbering, as the recorder numbers ----
+
+    def _sid(self, tensor: torch.Tensor) -> int | None:
+        key, storage = _key(tensor)
+        if key is None:
+            return None
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._next_sid
+            self._next_sid += 1
+            self._ids[key] = sid
+            ids = self._ids
+
+            def freed(_ref, key=key, sid=sid, ids=ids):
+                if ids.get(key) == sid:
+                    del ids[key]
+            self._refs.append(weakref.ref(storage, freed))
+            m = self._moved.get(sid)
+            if m is not None:
+                if m.ref is not None and m.ref() is not None and m.ref() is not storage:
+                    if m.state != "device":  # the trace's storage is still away: bring it
+                        self._ensure(m, m.ref(), planned=True)
+                m.ref = weakref.ref(storage)
+        return sid
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with self._lock:
+            self._poll()
+            inputs = _tensors(args, [])
+            _tensors(kwargs, inputs)
+            in_step = getattr(self, "_in_step", False)
+            following = in_step and self._following
+            k = self._k if in_step else -1
+            if following and (k >= self._n_ops or self._expected[k][0] != str(func)):
+                self._diverge(f"op {k}: {func} where the trace has "
+                              f"{self._expected[k][0] if k < self._n_ops else 'nothing'}")
+                following = False
+            if in_step:
+                for t in inputs:
+                    self._sid(t)
+            if following:
+                for sid in self._before[k]:
+                    m = self._moved.get(sid)
+                    if m is not None:
+                        self._issue(m)
+            # Nothing reads a storage while it is away.
+            for t in inputs:
+                key, storage = _key(t)
+                m = self._off.get(key) if key is not None else None
+                if m is not None:
+                    planned = following and any(
+                        m is self._moved.get(sid) for sid in self._before[k])
+                    self._ensure(m, storage, planned or m.state == "coming")
+        out = func(*args, **kwargs)
+        with self._lock:
+            if not in_step:
+                return out
+            outputs = _tensors(out, [])
+            sids = [self._sid(t) for t in outputs]
+            if following:
+                expected = self._expected[k][1]
+                shapes = [tuple(t.shape) for t in outputs]
+                if shapes != [e[0] for e in expected] or sids != [e[1] for e in expected]:
+                    self._diverge(f"op {k} ({func}): outputs {shapes} in storages {sids}, the "
+                                  f"trace's {[e[0] for e in expected]} in {[e[1] for e in expected]}")
+                    following = False
+            if following:
+                for sid in self._writes[k]:
+                    self._moved[sid].host_valid = False
+                for sid in self._write_back[k]:
+                    m = self._moved[sid]
+                    storage = self._storage(m)
+                    if storage is not None and m.state == "device":
+                        self._write_back_now(m, storage)
+                for sid in self._leave[k]:
+                    self._leave_now(self._moved[sid])
+            self._k += 1
+        return out
+
+
+def _values(value: dict, out: list) -> None:
+    """(sizes, storage) of every tensor in a graph value, in order."""
+    if value["type"] == "tensor":
+        out.append((tuple(value["sizes"]), value.get("storage")))
+    elif value["type"] == "sequence":
+        for element in value["elements"]:
+            _values(element, out)
