@@ -432,3 +432,65 @@ def test_replay_misuse_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"^\[replay\] step\(\) runs inside `with replay:`"):
         with replay.step():
             pass
+
+
+class _Gated(torch.nn.Module):
+    """Three layers; the middle one through an opaque region that may allocate scratch."""
+
+    def __init__(self, width=256):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(width, width) for _ in range(3))
+        self.scratch = 0      # elements the region allocates and drops
+        self.extra = False    # the region returns one output more
+
+        @spillway.trace.opaque(name="gated")
+        def gated(x, weight):
+            if self.scratch:
+                torch.empty(self.scratch).fill_(1.0)
+            h = x @ weight.t()
+            out = torch.nn.functional.silu(h) * h
+            return (out, out.sum()) if self.extra else out
+        self.gated = gated
+
+    def forward(self, x):
+        h = self.gated(torch.relu(self.a(x)), self.b.weight)
+        h = h[0] if isinstance(h, tuple) else h
+        return self.c(h).square().mean()
+
+
+def test_an_opaque_region_replays_as_one_op_each_way_and_allocating_inside_is_no_miss():
+    torch.manual_seed(3)
+    model = _Gated()
+    twin = copy.deepcopy(model)
+    opt, twin_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    x = torch.randn(512, 256)
+
+    def step(m, o):
+        loss = m(x)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.detach()
+
+    for k in range(2):
+        with (spillway.trace.record(model, opt) if k else contextlib_null()) as r:
+            a = step(model, opt)
+        assert torch.equal(a, step(twin, twin_opt))
+    targets = [n["target"] for n in r.trace.graph["nodes"]]
+    assert targets.count("spillway.opaque.gated") == 1
+    assert targets.count("spillway.opaque.gated.backward") == 1
+    plan = spillway.trace.plan(r.trace, 0.8, min_bytes=16 << 10)
+    replay = spillway.trace.replay(r.trace, plan)
+    with replay:
+        for k in range(3):
+            model.scratch = 1 << 18 if k == 1 else 0  # allocates inside the region only
+            with replay.step():
+                a = step(model, opt)
+            assert torch.equal(a, step(twin, twin_opt)), k
+        assert replay.stats()["misses"] == 0, getattr(replay, "last_miss", None)
+        assert replay.stats()["left"] > 0
+        model.extra = twin.extra = True  # the region's outputs change: a miss
+        with replay.step():
+            a = step(model, opt)
+        assert torch.equal(a, step(twin, twin_opt))
+        assert replay.stats()["misses"] == 1

@@ -133,8 +133,10 @@ std::string shown(std::int64_t bytes) {
   char text[32];
   if (bytes >= (1LL << 30)) {
     std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1LL << 30));
-  } else {
+  } else if (bytes >= (1 << 20)) {
     std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / (1 << 10));
   }
   return text;
 }

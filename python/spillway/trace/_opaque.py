@@ -8,7 +8,7 @@ import time
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from spillway.trace import _recorder
+from spillway.trace import _recorder, _replay
 
 
 class _Enter(torch.autograd.Function):
@@ -48,9 +48,10 @@ class _Region:
         self.began = 0.0
 
     def backward_starts(self, grads) -> None:
+        self.grad_outputs = tuple(g for g in grads if isinstance(g, torch.Tensor))
+        self.recorder.begin_virtual(f"spillway.opaque.{self.name}.backward", self.grad_outputs)
         with self.recorder._lock:
             self.recorder._opaque += 1
-        self.grad_outputs = tuple(g for g in grads if isinstance(g, torch.Tensor))
         self.began = time.perf_counter()
 
     def backward_ends(self, grads) -> None:
@@ -82,7 +83,12 @@ def opaque(fn=None, *, name: str | None = None):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        # Whoever observes the step: the recorder, or a replay inside a step.
         recorder = _recorder.active()
+        if recorder is None:
+            replay = _replay.active()
+            if replay is not None and getattr(replay, "_in_step", False):
+                recorder = replay
         if recorder is None or recorder._opaque or recorder._closed:
             return fn(*args, **kwargs)
         region = _Region(recorder, region_name)
@@ -90,6 +96,7 @@ def opaque(fn=None, *, name: str | None = None):
         tensors = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         inputs = [flat[i] for i in tensors]
         grads = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        recorder.begin_virtual(f"spillway.opaque.{region_name}", inputs)
         with recorder._lock:
             recorder._opaque += 1
         began = time.perf_counter()

@@ -361,6 +361,9 @@ class Recorder(TorchDispatchMode):
             self._last[sid] = node_id
         return node
 
+    def begin_virtual(self, target: str, inputs: list) -> None:
+        """An opaque region starts (spillway.trace.opaque): nothing to do before it."""
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._opaque or self._closed:

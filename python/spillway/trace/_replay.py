@@ -109,6 +109,7 @@ class Replay(TorchDispatchMode):
         self._moved: dict[int, _Moved] = {}
         self._off: dict[int, _Moved] = {}  # storage key -> a moved storage not on the device
         self._streams = None
+        self._virtual: list = []  # (following, k) of opaque regions under way
         self._load(trace, plan)
 
     # ---- the plan as per-op actions ----
@@ -379,59 +380,88 @@ class Replay(TorchDispatchMode):
                 m.ref = weakref.ref(storage)
         return sid
 
+    def _before_op(self, target: str, inputs: list) -> tuple[bool, int]:
+        """What happens before op k: the divergence check on its target, the numbering
+        of its inputs, the copies back due, and every input storage that is away back."""
+        self._poll()
+        in_step = getattr(self, "_in_step", False)
+        following = in_step and self._following
+        k = self._k if in_step else -1
+        if following and (k >= self._n_ops or self._expected[k][0] != target):
+            self._diverge(f"op {k}: {target} where the trace has "
+                          f"{self._expected[k][0] if k < self._n_ops else 'nothing'}")
+            following = False
+        if in_step:
+            for t in inputs:
+                self._sid(t)
+        if following:
+            for sid in self._before[k]:
+                m = self._moved.get(sid)
+                if m is not None:
+                    self._issue(m)
+        self._bring_inputs(inputs, following, k)
+        return following, k
+
+    def _bring_inputs(self, inputs: list, following: bool, k: int) -> None:
+        """Nothing reads a storage while it is away."""
+        for t in inputs:
+            key, storage = _key(t)
+            m = self._off.get(key) if key is not None else None
+            if m is not None:
+                planned = following and any(m is self._moved.get(sid) for sid in self._before[k])
+                self._ensure(m, storage, planned or m.state == "coming")
+
+    def _after_op(self, target: str, outputs: list, following: bool, k: int) -> None:
+        """After op k: the numbering of its outputs and their check against the trace,
+        then write-backs and storages leaving."""
+        if not getattr(self, "_in_step", False) or k < 0:
+            return
+        sids = [self._sid(t) for t in outputs]
+        if following and self._following:
+            expected = self._expected[k][1]
+            shapes = [tuple(t.shape) for t in outputs]
+            if shapes != [e[0] for e in expected] or sids != [e[1] for e in expected]:
+                self._diverge(f"op {k} ({target}): outputs {shapes} in storages {sids}, the "
+                              f"trace's {[e[0] for e in expected]} in {[e[1] for e in expected]}")
+                following = False
+        if following and self._following:
+            for sid in self._writes[k]:
+                self._moved[sid].host_valid = False
+            for sid in self._write_back[k]:
+                m = self._moved[sid]
+                storage = self._storage(m)
+                if storage is not None and m.state == "device":
+                    self._write_back_now(m, storage)
+            for sid in self._leave[k]:
+                self._leave_now(self._moved[sid])
+        self._k += 1
+
+    # ---- opaque regions (spillway.trace.opaque): one virtual op each way ----
+
+    _opaque = 0
+    _closed = False
+
+    def begin_virtual(self, target: str, inputs: list):
+        with self._lock:
+            self._virtual.append(self._before_op(target, list(inputs)))
+
+    def record(self, target, schema, args, kwargs, out, time_ms=None):
+        with self._lock:
+            following, k = self._virtual.pop()
+            self._after_op(target, _tensors(out, []), following, k)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        inputs = _tensors(kwargs, _tensors(args, []))
         with self._lock:
-            self._poll()
-            inputs = _tensors(args, [])
-            _tensors(kwargs, inputs)
-            in_step = getattr(self, "_in_step", False)
-            following = in_step and self._following
-            k = self._k if in_step else -1
-            if following and (k >= self._n_ops or self._expected[k][0] != str(func)):
-                self._diverge(f"op {k}: {func} where the trace has "
-                              f"{self._expected[k][0] if k < self._n_ops else 'nothing'}")
-                following = False
-            if in_step:
-                for t in inputs:
-                    self._sid(t)
-            if following:
-                for sid in self._before[k]:
-                    m = self._moved.get(sid)
-                    if m is not None:
-                        self._issue(m)
-            # Nothing reads a storage while it is away.
-            for t in inputs:
-                key, storage = _key(t)
-                m = self._off.get(key) if key is not None else None
-                if m is not None:
-                    planned = following and any(
-                        m is self._moved.get(sid) for sid in self._before[k])
-                    self._ensure(m, storage, planned or m.state == "coming")
+            if self._opaque:  # inside an opaque region: not counted, but guarded
+                self._poll()
+                self._bring_inputs(inputs, False, -1)
+                return func(*args, **kwargs)
+            following, k = self._before_op(str(func), inputs)
         out = func(*args, **kwargs)
         with self._lock:
-            if not in_step:
-                return out
-            outputs = _tensors(out, [])
-            sids = [self._sid(t) for t in outputs]
-            if following:
-                expected = self._expected[k][1]
-                shapes = [tuple(t.shape) for t in outputs]
-                if shapes != [e[0] for e in expected] or sids != [e[1] for e in expected]:
-                    self._diverge(f"op {k} ({func}): outputs {shapes} in storages {sids}, the "
-                                  f"trace's {[e[0] for e in expected]} in {[e[1] for e in expected]}")
-                    following = False
-            if following:
-                for sid in self._writes[k]:
-                    self._moved[sid].host_valid = False
-                for sid in self._write_back[k]:
-                    m = self._moved[sid]
-                    storage = self._storage(m)
-                    if storage is not None and m.state == "device":
-                        self._write_back_now(m, storage)
-                for sid in self._leave[k]:
-                    self._leave_now(self._moved[sid])
-            self._k += 1
+            self._after_op(str(func), _tensors(out, []), following, k)
         return out
 
 
