@@ -85,6 +85,9 @@ class Trace:
     graph: dict
     storages: dict[int, StorageInfo] = field(default_factory=dict)
     misses: int = 0
+    # Weak references to the storages that were there before the step (parameters,
+    # optimizer state), by id: a replay binds them before its first step.
+    refs: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def retained(self) -> list[int]:
@@ -160,6 +163,7 @@ class Recorder(TorchDispatchMode):
         self.ops: dict[str, dict] = {}
         self._ids: dict[int, int] = {}                  # live storage key -> storage id
         self._refs: dict[int, weakref.ref] = {}         # storage id -> its weak reference
+        self._before_refs: dict[int, weakref.ref] = {}  # the same, for placeholders
         self.storages: dict[int, StorageInfo] = {}
         self._by_view: dict[int, dict[tuple, int]] = collections.defaultdict(dict)
         self._last: dict[int, int] = {}                 # storage id -> last producing node id
@@ -233,6 +237,8 @@ class Recorder(TorchDispatchMode):
         sid = len(self.storages)
         self._ids[key] = sid
         self._refs[sid] = weakref.ref(storage, self._freed_callback(key, sid))
+        if created_at < 0:
+            self._before_refs[sid] = weakref.ref(storage)
         name, kind = self._names.get(key, ("", "created" if created_at >= 0 else "input"))
         self.storages[sid] = StorageInfo(sid, int(storage.nbytes()), name, kind, created_at,
                                          None, str(tensor.device))
@@ -414,7 +420,7 @@ class Recorder(TorchDispatchMode):
                  "metadata": {"recorder": "spillway.trace", "torch": torch.__version__,
                               "ops": str(sum(n["kind"] == "call_function" for n in self.nodes))},
                  "ops": self.ops, "nodes": self.nodes}
-        self.trace = Trace(graph, self.storages)
+        self.trace = Trace(graph, self.storages, refs=dict(self._before_refs))
 
 
 def active() -> Recorder | None:

@@ -110,6 +110,7 @@ class Replay(TorchDispatchMode):
         self._off: dict[int, _Moved] = {}  # storage key -> a moved storage not on the device
         self._streams = None
         self._virtual: list = []  # (following, k) of opaque regions under way
+        self._by_key: dict[int, _Moved] = {}  # storage key -> the moved storage it is
         self._load(trace, plan)
 
     # ---- the plan as per-op actions ----
@@ -153,6 +154,7 @@ class Replay(TorchDispatchMode):
         self._before, self._write_back, self._leave, self._writes = (
             before, after_write_back, after_leave, writes)
         self._n_ops = n_ops
+        self._primed = False
 
     # ---- the mode ----
 
@@ -195,6 +197,7 @@ class Replay(TorchDispatchMode):
             yield from self._recorded_step()
             return
         with self._lock:
+            self._prime()
             self._k, self._following = 0, True
             self._ids: dict[int, int] = {}
             self._refs: list = []
@@ -234,6 +237,23 @@ class Replay(TorchDispatchMode):
                              device_profile=self._profile)
         with self._lock:
             self._load(recording.trace, new_plan)
+
+    def _prime(self) -> None:
+        """Before the first step (and after one that diverged): what spends the wrap between
+        steps on the host leaves now, as it would have at the end of a step under the plan,
+        so the step starts in the plan's steady state."""
+        if getattr(self, "_primed", False):
+            return
+        self._primed = True
+        with torch.utils._python_dispatch._disable_current_modes():
+            for gap in self.plan.get("gaps", []):
+                m = self._moved.get(gap["storage"])
+                ref = self.trace.refs.get(gap["storage"])
+                if not gap["wrap"] or m is None or ref is None or ref() is None:
+                    continue
+                m.ref = ref
+                self._by_key[ref()._cdata] = m
+                self._leave_now(m)
 
     # ---- copies ----
 
@@ -351,6 +371,10 @@ class Replay(TorchDispatchMode):
 
     def _diverge(self, why: str) -> None:
         self._following = False
+        self._primed = False
+        # From here on writes are not followed: no host copy can be trusted.
+        for m in self._moved.values():
+            m.host_valid = False
         self._stats["misses"] += 1
         self.last_miss = why
         self._bring_all_back()
@@ -378,6 +402,7 @@ class Replay(TorchDispatchMode):
                     if m.state != "device":  # the trace's storage is still away: bring it
                         self._ensure(m, m.ref(), planned=True)
                 m.ref = weakref.ref(storage)
+                self._by_key[key] = m
         return sid
 
     def _before_op(self, target: str, inputs: list) -> tuple[bool, int]:
@@ -403,9 +428,15 @@ class Replay(TorchDispatchMode):
         return following, k
 
     def _bring_inputs(self, inputs: list, following: bool, k: int) -> None:
-        """Nothing reads a storage while it is away."""
+        """Nothing reads a storage while it is away. An op the plan does not follow
+        (between steps, after a divergence, inside an opaque region) may write what it
+        touches: the host copy of a moved storage it touches is stale from then on."""
         for t in inputs:
             key, storage = _key(t)
+            if not following and key is not None:
+                touched = self._by_key.get(key)
+                if touched is not None:
+                    touched.host_valid = False
             m = self._off.get(key) if key is not None else None
             if m is not None:
                 planned = following and any(m is self._moved.get(sid) for sid in self._before[k])

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Workload T3 of BENCHMARKS.md: fine-tuning with weights, gradients and AdamW state
+planned off the GPU by trace and replay, side by side.
+
+    python3 bench/torch/t3.py [--method M ...] [--steps 5] [--json OUT] [--markdown OUT]
+    python3 bench/torch/t3.py --tiny --device cpu --method none --method spillway:budget=0.5
+
+A Llama-style model (hidden 3072, MLP 8192, 24 layers, 24 heads, vocab 32000: 2.9 B
+parameters), fp32 parameters and AdamW(fused=True) state, forward under bf16 autocast,
+batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. Methods
+(each in its own process, so its peak and host RSS are its own):
+
+    none                  everything on the GPU: the reference (runs first; its peak X,
+                          losses and the checksums of every parameter and AdamW state
+                          after each step go to --work)
+    spillway:budget=F     step 1 plain (AdamW makes its state), step 2 recorded
+                          (spillway.trace.record), planned for F * X (spillway.trace.plan),
+                          steps 3.. replayed (spillway.trace.replay). AdamW has one
+                          parameter group per parameter, so its fused step is one op per
+                          parameter the plan can move around (the same arithmetic per
+                          element as one group: bitwise equal, checked against none)
+    torchao-offload       torchao's CPUOffloadOptimizer(AdamW, fused=True): the AdamW
+                          state and step on the CPU (a carried wheel, SPILLWAY_T3_TORCHAO_DIR)
+
+Per method: the median step time over the steps after the first two (CUDA events), the
+peak GPU memory allocated in those steps, the host RSS, whether the loss of every step
+and every parameter and AdamW state after the last step equal the reference's (two
+checksums of the bits of each), and for spillway the plan's forecast (step, peak)
+against the measurement. On a CPU (--tiny --device cpu: a smoke test) the reference's
+peak is the residency model's own, simulated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+T3 = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=24,
+          num_attention_heads=24, num_key_value_heads=24, vocab_size=32000, seq=2048)
+TINY = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, vocab_size=512, seq=64)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _checksum(t) -> list[int]:
+    """Two sums of the tensor's bits (plain and position-weighted), exact in int64."""
+    import torch
+    bits = t.detach().reshape(-1).view(torch.int32).to(torch.int64)
+    weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64) % 65521
+    return [int(bits.sum()), int((bits * weights).sum())]
+
+
+def _state_sums(model, optimizer) -> dict:
+    out = {}
+    for name, p in model.named_parameters():
+        out[name] = _checksum(p)
+        for key, value in optimizer.state.get(p, {}).items():
+            if hasattr(value, "dtype") and value.dtype == __import__("torch").float32:
+                out[f"{name}.{key}"] = _checksum(value)
+    return out
+
+
+def run_one(method: str, args) -> dict:
+    import torch
+    import transformers
+
+    shape = TINY if args.tiny else T3
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    config = transformers.LlamaConfig(
+        hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["num_hidden_layers"],
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"], vocab_size=shape["vocab_size"],
+        max_position_embeddings=shape["seq"], attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(device)
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, shape["vocab_size"], (1, shape["seq"]), generator=generator)
+               .to(device) for _ in range(args.steps)]
+    kind, _, option = method.partition(":")
+    fused = device.type == "cuda" or args.tiny
+    if kind == "torchao-offload":
+        sys.path.insert(0, os.environ["SPILLWAY_T3_TORCHAO_DIR"])
+        from torchao.optim import CPUOffloadOptimizer
+        import torchao
+        optimizer = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True)
+        version = torchao.__version__
+    elif kind == "spillway":
+        optimizer = torch.optim.AdamW([{"params": [p]} for p in model.parameters()],
+                                      lr=1e-4, fused=fused)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+
+    def step(ids):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def timed(fn):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return out, start.elapsed_time(end)
+        began = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - began) * 1e3
+
+    result = {"method": method, "losses": [], "sums": [], "times_ms": []}
+    if kind == "torchao-offload":
+        result["torchao"] = version
+    plan = replay = None
+    for k, ids in enumerate(batches):
+        if device.type == "cuda" and k == 2:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        if kind == "none" and k == 1 and device.type != "cuda":
+            # No measured peak on a CPU (the smoke test): the residency model's stands in.
+            import spillway.trace
+            with spillway.trace.record(model, optimizer) as recording:
+                loss, ms = timed(lambda: step(ids))
+            result["simulated_peak_bytes"] = spillway.trace.plan(
+                recording.trace, 1.0, min_bytes=args.min_bytes)["unplanned"]["peak_bytes"]
+        elif kind == "spillway" and k == 1:
+            import spillway.trace
+            with spillway.trace.record(model, optimizer) as recording:
+                loss, ms = timed(lambda: step(ids))
+            budget = float(option.removeprefix("budget=")) * args.reference_peak
+            plan = spillway.trace.plan(recording.trace, int(budget), min_bytes=args.min_bytes)
+            replay = spillway.trace.replay(recording.trace, plan)
+            replay.__enter__()
+        elif replay is not None:
+            def replayed():
+                with replay.step():
+                    return step(ids)
+            loss, ms = timed(replayed)
+        else:
+            loss, ms = timed(lambda: step(ids))
+        result["losses"].append(loss.float().item())
+        result["times_ms"].append(ms)
+    if device.type == "cuda":
+        result["peak_bytes"] = torch.cuda.max_memory_allocated()
+    if replay is not None:
+        result["replay"] = replay.stats()
+        replay.__exit__(None, None, None)  # everything back on the device
+        f = plan["forecast"]
+        result["forecast"] = {"step_ms": f["step_ms"], "peak_bytes": f["peak_bytes"],
+                              "budget_bytes": plan["budget_bytes"], "gaps": len(plan["gaps"]),
+                              "host_bytes": f["host_bytes"]}
+    result["sums"] = _state_sums(model, optimizer)  # after the last step
+    result["rss_bytes"] = _rss_bytes()
+    result["step_ms"] = statistics.median(result["times_ms"][2:] or result["times_ms"])
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--method", action="append", default=[])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--min-bytes", type=int, default=1 << 20)
+    parser.add_argument("--work", default="/tmp/spillway-t3")
+    parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--reference-peak", type=float, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    work = pathlib.Path(args.work)
+    if args.run:
+        out = run_one(args.run, args)
+        (work / f"{args.run.replace(':', '_')}.json").write_text(json.dumps(out))
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    methods = args.method or ["none", "spillway:budget=0.75", "spillway:budget=0.5",
+                              "spillway:budget=0.35", "spillway:budget=0.2"]
+    if methods[0] != "none":
+        methods = ["none", *methods]
+    results, reference = [], None
+    for method in methods:
+        command = [sys.executable, __file__, "--run", method, "--steps", str(args.steps),
+                   "--device", args.device, "--work", str(work), "--min-bytes",
+                   str(args.min_bytes)]
+        if args.tiny:
+            command.append("--tiny")
+        if reference is not None:
+            command += ["--reference-peak", str(reference.get("peak_bytes") or
+                                                 reference["simulated_peak_bytes"])]
+        began = time.time()
+        try:
+            run = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
+            ok = run.returncode == 0
+            error = run.stderr[-2000:]
+        except subprocess.TimeoutExpired:
+            ok, error = False, f"timed out after {args.timeout} s"
+        if not ok:
+            print(f"[t3] {method}: FAILED\n{error}", file=sys.stderr)
+            results.append({"method": method, "error": error})
+            continue
+        r = json.loads((work / f"{method.replace(':', '_')}.json").read_text())
+        r["wall_s"] = round(time.time() - began, 1)
+        if method == "none":
+            reference = r
+        else:
+            r["losses_equal"] = r["losses"] == reference["losses"]
+            r["state_equal"] = r["sums"] == reference["sums"]
+            r["vs_none"] = r["step_ms"] / reference["step_ms"]
+        results.append(r)
+    _report(results, args)
+    return 0 if all("error" not in r and r.get("state_equal", True) and
+                    r.get("losses_equal", True) for r in results) else 1
+
+
+def _report(results, args) -> None:
+    rows = ["| method | step ms | × none | peak GiB | forecast step / peak | host RSS GiB | "
+            "loss, state == none |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            rows.append(f"| {r['method']} | failed | | | | | |")
+            continue
+        f = r.get("forecast")
+        forecast = (f"{f['step_ms']:.1f} ms / {f['peak_bytes'] / GIB:.2f} GiB" if f else "")
+        rows.append(f"| {r['method']} | {r['step_ms']:.1f} | {r.get('vs_none', 1.0):.2f} | "
+                    f"{r.get('peak_bytes', 0) / GIB:.2f} | {forecast} | "
+                    f"{r['rss_bytes'] / GIB:.2f} | "
+                    f"{r.get('losses_equal', True)}, {r.get('state_equal', True)} |")
+    table = "\n".join(rows)
+    print(table)
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(table + "\n")
+    if args.json:
+        for r in results:
+            r.pop("sums", None)
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
