@@ -510,8 +510,12 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak():
         twin_opt = torch.optim.AdamW([{"params": [p]} for p in twin.parameters()], lr=1e-3,
                                      fused=True)
         for k in range(2):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
             with (spillway.trace.record(model, opt) if k else contextlib_null()) as r:
                 a = _llama_step(model, opt, ids, k)
+            torch.cuda.synchronize()
+            recorded_peak = torch.cuda.max_memory_allocated()  # everything resident
             assert torch.equal(a, _llama_step(twin, twin_opt, ids, k))
         plan = spillway.trace.plan(r.trace, 0.5, min_bytes=256 << 10)
         replay = spillway.trace.replay(r.trace, plan)
@@ -527,15 +531,10 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak():
                 assert torch.equal(a, _llama_step(twin, twin_opt, ids, k)), k
             assert replay.stats()["misses"] == 0, getattr(replay, "last_miss", None)
         _same(model, opt, twin, twin_opt)
-        del twin, twin_opt
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        print(f"replayed peaks {[p / 2**20 for p in peaks]} MiB; plan budget "
-              f"{plan['budget_bytes'] / 2**20:.1f} MiB, forecast {plan['forecast']['peak_bytes'] / 2**20:.1f}, "
-              f"unplanned {plan['unplanned']['peak_bytes'] / 2**20:.1f}; base now {base / 2**20:.1f}")
-        # The twin held as much again as the model; measured against the model's
-        # unplanned simulated peak plus the twin's resident bytes is loose, so only the
-        # direction is asserted: away storages made the replayed steps' peak smaller than
-        # a step with the twin and the model both resident.
-        assert max(peaks) < base + plan["unplanned"]["peak_bytes"]
+        # The twin is resident in both measurements: the difference is the plan's.
+        saved = recorded_peak - max(peaks)
+        print(f"recorded step peak {recorded_peak / 2**20:.1f} MiB, replayed "
+              f"{[round(p / 2**20, 1) for p in peaks]} MiB; the plan forecast "
+              f"{(plan['unplanned']['peak_bytes'] - plan['forecast']['peak_bytes']) / 2**20:.1f} "
+              f"MiB less, measured {saved / 2**20:.1f}")
+        assert saved > 0.25 * (plan["unplanned"]["peak_bytes"] - plan["forecast"]["peak_bytes"])
