@@ -56,16 +56,21 @@ def active() -> "Replay | None":
     return _active[-1] if _active else None
 
 
+_Tensor = torch.Tensor
+
+
 def _tensors(value, out: list) -> list:
     """Tensors in args order (lists depth-first, then kwargs), as the recorder walks them."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, _Tensor):
         out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _tensors(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _tensors(v, out)
+        return out
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(items, (list, tuple)) or isinstance(value, dict):
+        for v in items:
+            if isinstance(v, _Tensor):
+                out.append(v)
+            elif isinstance(v, (list, tuple, dict)):
+                _tensors(v, out)
     return out
 
 
@@ -111,6 +116,7 @@ class Replay(TorchDispatchMode):
         self._streams = None
         self._virtual: list = []  # (following, k) of opaque regions under way
         self._by_key: dict[int, _Moved] = {}  # storage key -> the moved storage it is
+        self._names: dict = {}  # OpOverload -> its name, as the trace spells it
         self._load(trace, plan)
 
     # ---- the plan as per-op actions ----
@@ -311,6 +317,8 @@ class Replay(TorchDispatchMode):
             self._stats["left"] += 1
 
     def _poll(self) -> None:
+        if not self._off:
+            return
         for m in list(self._off.values()):
             if m.state == "leaving":
                 storage = self._storage(m)
@@ -450,8 +458,10 @@ class Replay(TorchDispatchMode):
         sids = [self._sid(t) for t in outputs]
         if following and self._following:
             expected = self._expected[k][1]
-            shapes = [tuple(t.shape) for t in outputs]
-            if shapes != [e[0] for e in expected] or sids != [e[1] for e in expected]:
+            if len(outputs) != len(expected) or any(
+                    sid != e[1] or tuple(t.shape) != e[0]
+                    for t, sid, e in zip(outputs, sids, expected)):
+                shapes = [tuple(t.shape) for t in outputs]
                 self._diverge(f"op {k} ({target}): outputs {shapes} in storages {sids}, the "
                               f"trace's {[e[0] for e in expected]} in {[e[1] for e in expected]}")
                 following = False
@@ -483,16 +493,21 @@ class Replay(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = _tensors(kwargs, _tensors(args, []))
+        inputs = _tensors(args, [])
+        if kwargs:
+            _tensors(kwargs, inputs)
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = str(func)
         with self._lock:
             if self._opaque:  # inside an opaque region: not counted, but guarded
                 self._poll()
                 self._bring_inputs(inputs, False, -1)
                 return func(*args, **kwargs)
-            following, k = self._before_op(str(func), inputs)
+            following, k = self._before_op(name, inputs)
         out = func(*args, **kwargs)
         with self._lock:
-            self._after_op(str(func), _tensors(out, []), following, k)
+            self._after_op(name, _tensors(out, []), following, k)
         return out
 
 
