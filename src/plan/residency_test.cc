@@ -12,22 +12,14 @@
 #include "spillway/error.h"
 #include "spillway/residency.h"
 #include "testing/graph_builder.h"
+#include "testing/test_link.h"
 
 namespace spillway {
 namespace {
 
-constexpr std::int64_t kMs = 1'000'000;  // bytes the test link moves per ms
+constexpr std::int64_t kMs = testing::kLinkBytesPerMs;  // bytes the test link moves per ms
 
-CostModel link() {
-  DeviceProfile p;
-  p.name = "test";
-  p.h2d.points = {{1, 1.0}};  // 1 GB/s: kMs bytes per ms
-  p.d2h = p.h2d_duplex = p.d2h_duplex = p.h2d;
-  p.allocation_granularity = 1;
-  p.memory_gbs = 1000;
-  p.matmul_tflops_bf16 = p.matmul_tflops_fp32 = 100;
-  return CostModel(p);
-}
+CostModel link() { return testing::test_link(); }
 
 ResidencyStorage storage(std::string name, std::int64_t bytes, std::vector<std::int32_t> uses,
                          std::vector<bool> writes = {}, bool across_steps = false) {

@@ -10,20 +10,14 @@
 
 #include "spillway/error.h"
 #include "spillway/weights.h"
+#include "testing/test_link.h"
 
 namespace spillway {
 namespace {
 
-constexpr std::int64_t kMs = 1'000'000;  // bytes the test link moves per ms
+constexpr std::int64_t kMs = testing::kLinkBytesPerMs;  // bytes the test link moves per ms
 
-CostModel link() {
-  DeviceProfile p;
-  p.name = "test";
-  p.h2d.points = {{1, 1.0}};  // 1 GB/s: kMs bytes per ms
-  p.d2h = p.h2d_duplex = p.d2h_duplex = p.h2d;
-  p.allocation_granularity = 1;
-  return CostModel(p);
-}
+CostModel link() { return testing::test_link(); }
 
 // n blocks of `bytes` each computing `ms`, with `outside_ms` of compute before
 // the first block (embedding) and after the last (head).
