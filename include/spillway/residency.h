@@ -37,6 +37,7 @@ struct ResidencyStorage {
 
 struct ResidencyModel {
   std::vector<double> op_ms;              // every node of the graph, in order
+  std::vector<NodeId> op_ids;             // the nodes' ids
   std::vector<std::string> op_names;      // the nodes' names
   std::vector<std::int64_t> op_scratch;   // bytes a node takes while it runs
   std::vector<ResidencyStorage> storages;
@@ -79,6 +80,13 @@ struct ResidencyForecast {
   std::int64_t bytes_h2d = 0;
   std::int64_t host_bytes = 0;  // pinned host memory the plan needs
   std::vector<std::int64_t> live_bytes;  // per position, as at the peak
+  // With record_timeline: one point per position (node = the graph node's id,
+  // times from the step's start; categories: a placeholder's storage on the
+  // device is kInputs, one made in the step kTemporaries, one brought back
+  // kReloads, one whose write-back has not landed kInFlight), and the step's
+  // intervals on the three streams (a copy's node: where it was issued).
+  std::vector<TimelinePoint> timeline;
+  std::vector<StreamInterval> intervals;
 };
 
 // Throws InvalidArgument naming the gap on a plan that does not fit the model
@@ -86,7 +94,13 @@ struct ResidencyForecast {
 // across steps, a gap with no op inside it, lead < 1 or beyond the gap, the
 // same gap twice).
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
-                                     const CostModel& cost);
+                                     const CostModel& cost, bool record_timeline = false);
+
+// A forecast recorded with its timeline as the simulator's result, for its
+// writers (chrome_trace, memory_svg); `graph` is the one the model was made
+// from. Throws InvalidArgument when the forecast has no timeline.
+SimResult residency_sim_result(const Graph& graph, const ResidencyModel& model,
+                               const ResidencyForecast& forecast);
 
 // The position after which a gap's storage is written back to the host: its
 // last writing use at or before the gap's start (for a storage that lives

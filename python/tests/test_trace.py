@@ -280,6 +280,13 @@ def test_the_cli_plans_residency_for_a_saved_trace(wider_step, tmp_path):
     text = subprocess.run([cli, "simulate", path, "--budget", "50%", "--min-bytes", "65536"],
                           capture_output=True, text=True)
     assert text.returncode == 0 and "predicted peak:" in text.stdout, text.stderr
+    drawn = subprocess.run([cli, "simulate", path, "--budget", "50%", "--min-bytes", "65536",
+                            "--trace", tmp_path / "t.json", "--timeline", tmp_path / "t.svg"],
+                           capture_output=True, text=True)
+    assert drawn.returncode == 0, drawn.stderr
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" and e.get("args", {}).get("bytes") for e in events)
+    assert (tmp_path / "t.svg").read_text().startswith("<svg")
     bad = subprocess.run([cli, "simulate", path, "--budget", "-1"], capture_output=True, text=True)
     assert bad.returncode != 0 and "budget" in bad.stderr
 

@@ -371,11 +371,19 @@ int run_residency(const SimulateArgs& args, const Graph& graph, const DeviceProf
   const std::int64_t own_peak = simulate_residency(model, {}, cost).peak_bytes;
   options.budget_bytes = parse_budget(args.budget, own_peak);
   const ResidencyResult result = plan_residency(model, options, cost);
+  std::string written;
+  if (args.sim.wants_timeline()) {
+    const ResidencyForecast recorded = simulate_residency(model, result.plan, cost, true);
+    written = write_sim_outputs(args.sim, graph, residency_sim_result(graph, model, recorded),
+                                display_name(graph, args.graph_path) + " under a residency plan (" +
+                                    profile.name + ")");
+  }
   if (args.json) {
     std::cout << residency_json(model, result, options.budget_bytes).dump(2) << "\n";
   } else {
     std::cout << "file:               " << args.graph_path << "\n"
               << format_residency_text(model, result, options.budget_bytes, profile.name);
+    if (!written.empty()) std::cout << "\n" << written;
   }
   return kExitOk;
 }

@@ -12,13 +12,13 @@ namespace {
 
 using nlohmann::json;
 
-std::string gib(std::int64_t bytes) {
+std::string residency_gib(std::int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1LL << 30));
   return text;
 }
 
-json forecast_json(const ResidencyModel& model, const ResidencyForecast& f) {
+json residency_forecast_json(const ResidencyModel& model, const ResidencyForecast& f) {
   return {{"step_ms", f.step_ms},
           {"compute_ms", f.compute_ms},
           {"stall_ms", f.stall_ms},
@@ -63,8 +63,8 @@ json residency_json(const ResidencyModel& model, const ResidencyResult& result, 
   }
   return {{"budget_bytes", budget_bytes},
           {"candidates", result.candidates},
-          {"unplanned", forecast_json(model, result.unplanned)},
-          {"forecast", forecast_json(model, result.forecast)},
+          {"unplanned", residency_forecast_json(model, result.unplanned)},
+          {"forecast", residency_forecast_json(model, result.forecast)},
           {"gaps", gaps},
           {"storages", storages}};
 }
@@ -75,17 +75,17 @@ std::string format_residency_text(const ResidencyModel& model, const ResidencyRe
   const ResidencyForecast& u = result.unplanned;
   std::ostringstream out;
   char line[256];
-  std::snprintf(line, sizeof line, "budget:             %s on %s\n", gib(budget_bytes).c_str(), device.c_str());
+  std::snprintf(line, sizeof line, "budget:             %s on %s\n", residency_gib(budget_bytes).c_str(), device.c_str());
   out << line;
   std::snprintf(line, sizeof line, "predicted step:     %.2f ms (everything on the device: %.2f ms, %.3fx)\n",
                 f.step_ms, u.step_ms, u.step_ms > 0 ? f.step_ms / u.step_ms : 0.0);
   out << line;
   std::snprintf(line, sizeof line, "predicted peak:     %s at %s (everything on the device: %s)\n",
-                gib(f.peak_bytes).c_str(), f.peak_op >= 0 ? model.op_names[f.peak_op].c_str() : "-",
-                gib(u.peak_bytes).c_str());
+                residency_gib(f.peak_bytes).c_str(), f.peak_op >= 0 ? model.op_names[f.peak_op].c_str() : "-",
+                residency_gib(u.peak_bytes).c_str());
   out << line;
   std::snprintf(line, sizeof line, "moved per step:     %s to the host, %s back; %s pinned; %.2f ms waiting\n",
-                gib(f.bytes_d2h).c_str(), gib(f.bytes_h2d).c_str(), gib(f.host_bytes).c_str(), f.stall_ms);
+                residency_gib(f.bytes_d2h).c_str(), residency_gib(f.bytes_h2d).c_str(), residency_gib(f.host_bytes).c_str(), f.stall_ms);
   out << line;
   // Storages that move, largest first, with how many gaps each spends on the host.
   std::map<std::int32_t, int> gaps_of;
@@ -100,7 +100,7 @@ std::string format_residency_text(const ResidencyModel& model, const ResidencyRe
   const std::size_t shown = std::min<std::size_t>(moved.size(), 12);
   for (std::size_t i = 0; i < shown; ++i) {
     const ResidencyStorage& st = model.storages[moved[i].first];
-    std::snprintf(line, sizeof line, "  %-48s %10s  %d gap%s%s\n", st.name.c_str(), gib(st.bytes).c_str(),
+    std::snprintf(line, sizeof line, "  %-48s %10s  %d gap%s%s\n", st.name.c_str(), residency_gib(st.bytes).c_str(),
                   moved[i].second, moved[i].second == 1 ? "" : "s", st.across_steps ? " (kept across steps)" : "");
     out << line;
   }

@@ -41,7 +41,7 @@
 namespace spillway {
 namespace {
 
-struct Candidate {
+struct GapCandidate {
   HostGap gap;
   std::int32_t start = 0;  // position of the use the gap follows
   std::int32_t gone = 0;   // the first position its storage may be off the device: after
@@ -52,10 +52,10 @@ struct Candidate {
   double unhidden_ms = 0;  // copy time beyond the gap's compute
 };
 
-std::vector<Candidate> candidates_of(const ResidencyModel& model, const ResidencyOptions& options,
+std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const ResidencyOptions& options,
                                      const CostModel& cost) {
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
-  std::vector<Candidate> out;
+  std::vector<GapCandidate> out;
   for (std::size_t s = 0; s < model.storages.size(); ++s) {
     const ResidencyStorage& st = model.storages[s];
     if (st.bytes < options.min_bytes || st.uses.empty()) continue;
@@ -88,7 +88,7 @@ std::vector<Candidate> candidates_of(const ResidencyModel& model, const Residenc
         const double d2h = cost.d2h_ms(st.bytes);
         while (gone < next - lead && copied < d2h) copied += model.op_ms[gone++ % n];
       }
-      Candidate c;
+      GapCandidate c;
       c.gap = {static_cast<std::int32_t>(s), k, lead};
       c.start = start;
       c.gone = gone;
@@ -105,7 +105,7 @@ std::vector<Candidate> candidates_of(const ResidencyModel& model, const Residenc
 
 // Whether the candidate keeps its storage off the device at position p (as
 // far as the plan can tell before simulating it).
-bool holds_off(const Candidate& c, std::int32_t p, std::int32_t n) {
+bool gap_holds_off(const GapCandidate& c, std::int32_t p, std::int32_t n) {
   for (std::int32_t shift : {0, n}) {
     const std::int32_t q = p + shift;
     if (c.gone <= q && q < c.back) return true;
@@ -115,17 +115,17 @@ bool holds_off(const Candidate& c, std::int32_t p, std::int32_t n) {
 
 // Bytes above the budget, summed over positions: what a step towards fitting lowers
 // even where two positions share the peak.
-double excess(const ResidencyForecast& f, std::int64_t budget) {
+double bytes_above(const ResidencyForecast& f, std::int64_t budget) {
   double sum = 0;
   for (std::int64_t live : f.live_bytes) sum += static_cast<double>(std::max<std::int64_t>(0, live - budget));
   return sum;
 }
 
-bool fits(const ResidencyForecast& f, const ResidencyOptions& options) {
+bool fits_budget(const ResidencyForecast& f, const ResidencyOptions& options) {
   return f.peak_bytes <= options.budget_bytes;
 }
 
-ResidencyPlan plan_of(const std::vector<Candidate>& all, const std::vector<bool>& chosen) {
+ResidencyPlan plan_with(const std::vector<GapCandidate>& all, const std::vector<bool>& chosen) {
   ResidencyPlan plan;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (chosen[i]) plan.gaps.push_back(all[i].gap);
@@ -133,7 +133,7 @@ ResidencyPlan plan_of(const std::vector<Candidate>& all, const std::vector<bool>
   return plan;
 }
 
-std::string shown(std::int64_t bytes) {
+std::string shown_bytes(std::int64_t bytes) {
   char text[32];
   if (bytes >= (1LL << 30)) {
     std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1LL << 30));
@@ -160,9 +160,9 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
   ResidencyResult result;
   result.unplanned = simulate_residency(model, {}, cost);
-  const std::vector<Candidate> all = candidates_of(model, options, cost);
+  const std::vector<GapCandidate> all = gap_candidates(model, options, cost);
   result.candidates = static_cast<std::int32_t>(all.size());
-  if (fits(result.unplanned, options)) {
+  if (fits_budget(result.unplanned, options)) {
     result.forecast = result.unplanned;
     return result;
   }
@@ -178,10 +178,10 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
     for (std::uint32_t mask = 1; mask < (1u << all.size()); ++mask) {
       std::vector<bool> chosen(all.size());
       for (std::size_t i = 0; i < all.size(); ++i) chosen[i] = (mask >> i) & 1u;
-      const ResidencyPlan plan = plan_of(all, chosen);
+      const ResidencyPlan plan = plan_with(all, chosen);
       const ResidencyForecast f = simulate_residency(model, plan, cost);
       lowest = std::min(lowest, f.peak_bytes);
-      if (!fits(f, options)) continue;
+      if (!fits_budget(f, options)) continue;
       if (!found || f.step_ms < result.forecast.step_ms - 1e-12 ||
           (f.step_ms <= result.forecast.step_ms + 1e-12 && plan.gaps.size() < result.plan.gaps.size())) {
         found = true;
@@ -190,8 +190,8 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       }
     }
     if (!found) {
-      throw InvalidArgument("residency", "no plan fits a budget of " + shown(options.budget_bytes) +
-                            ": the smallest peak any plan reaches is " + shown(lowest));
+      throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
+                            ": the smallest peak any plan reaches is " + shown_bytes(lowest));
     }
     return result;
   }
@@ -199,22 +199,22 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
   // Everything that can leave the device at once: when even that does not fit, say so
   // now rather than search.
   {
-    const ResidencyForecast everything = simulate_residency(model, plan_of(all, std::vector<bool>(all.size(), true)), cost);
-    if (!fits(everything, options)) {
-      throw InvalidArgument("residency", "no plan fits a budget of " + shown(options.budget_bytes) +
+    const ResidencyForecast everything = simulate_residency(model, plan_with(all, std::vector<bool>(all.size(), true)), cost);
+    if (!fits_budget(everything, options)) {
+      throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
                             ": with every candidate gap on the host the peak is still " +
-                            shown(everything.peak_bytes) + " at " + model.op_names[everything.peak_op] +
+                            shown_bytes(everything.peak_bytes) + " at " + model.op_names[everything.peak_op] +
                             " (" + std::to_string(all.size()) + " candidate gaps of storages of at least " +
-                            shown(options.min_bytes) + ")");
+                            shown_bytes(options.min_bytes) + ")");
     }
   }
   std::vector<bool> chosen(all.size(), false);
   std::vector<std::size_t> order;  // chosen, in the order chosen
   ResidencyForecast f = result.unplanned;
-  while (!fits(f, options)) {
+  while (!fits_budget(f, options)) {
     std::vector<std::size_t> covering;
     for (std::size_t i = 0; i < all.size(); ++i) {
-      if (!chosen[i] && holds_off(all[i], f.peak_op, n)) covering.push_back(i);
+      if (!chosen[i] && gap_holds_off(all[i], f.peak_op, n)) covering.push_back(i);
     }
     if (covering.empty()) {
       // Nothing is known to leave the device at the peak (copies still under way,
@@ -223,11 +223,11 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       const std::int64_t budget = options.budget_bytes;
       std::size_t best = all.size();
       ResidencyForecast best_forecast;
-      double best_excess = excess(f, budget);
+      double best_excess = bytes_above(f, budget);
       // Only gaps around the peak can lower it: at most 64 of them, largest first.
       std::vector<std::size_t> near;
       for (std::size_t i = 0; i < all.size(); ++i) {
-        const Candidate& c = all[i];
+        const GapCandidate& c = all[i];
         for (std::int32_t q : {f.peak_op, f.peak_op + n}) {
           if (c.start < q && q < c.next) {
             near.push_back(i);
@@ -239,9 +239,9 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       if (near.size() > 64) near.resize(64);
       for (std::size_t i : near) {
         chosen[i] = !chosen[i];
-        const ResidencyForecast trial = simulate_residency(model, plan_of(all, chosen), cost);
+        const ResidencyForecast trial = simulate_residency(model, plan_with(all, chosen), cost);
         chosen[i] = !chosen[i];
-        const double e = excess(trial, budget);
+        const double e = bytes_above(trial, budget);
         if (e < best_excess || (best != all.size() && e == best_excess &&
                                 trial.step_ms < best_forecast.step_ms)) {
           best = i;
@@ -250,12 +250,12 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
         }
       }
       if (best == all.size()) {
-        throw InvalidArgument("residency", "no plan fits a budget of " + shown(options.budget_bytes) +
-                              ": the greedy planner reached a peak of " + shown(f.peak_bytes) +
+        throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
+                              ": the greedy planner reached a peak of " + shown_bytes(f.peak_bytes) +
                               " at " + model.op_names[f.peak_op] +
                               ", and no gap left lowers what is above the budget (" +
                               std::to_string(all.size()) + " candidate gaps of storages of at least " +
-                              shown(options.min_bytes) + ")");
+                              shown_bytes(options.min_bytes) + ")");
       }
       chosen[best] = !chosen[best];
       if (chosen[best]) {
@@ -267,33 +267,33 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       continue;
     }
     std::sort(covering.begin(), covering.end(), [&](std::size_t a, std::size_t b) {
-      const Candidate& x = all[a];
-      const Candidate& y = all[b];
+      const GapCandidate& x = all[a];
+      const GapCandidate& y = all[b];
       const bool hx = x.unhidden_ms <= 0;
       const bool hy = y.unhidden_ms <= 0;
       if (hx != hy) return hx;
       if (hx) return x.bytes > y.bytes;
       return x.unhidden_ms / static_cast<double>(x.bytes) < y.unhidden_ms / static_cast<double>(y.bytes);
     });
-    std::int64_t excess = f.peak_bytes - options.budget_bytes;
+    std::int64_t bytes_above = f.peak_bytes - options.budget_bytes;
     for (std::size_t i : covering) {
       chosen[i] = true;
       order.push_back(i);
-      excess -= all[i].bytes;
-      if (excess <= 0) break;
+      bytes_above -= all[i].bytes;
+      if (bytes_above <= 0) break;
     }
-    f = simulate_residency(model, plan_of(all, chosen), cost);
+    f = simulate_residency(model, plan_with(all, chosen), cost);
   }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     chosen[*it] = false;
-    const ResidencyForecast without = simulate_residency(model, plan_of(all, chosen), cost);
-    if (fits(without, options) && without.step_ms <= f.step_ms + 1e-12) {
+    const ResidencyForecast without = simulate_residency(model, plan_with(all, chosen), cost);
+    if (fits_budget(without, options) && without.step_ms <= f.step_ms + 1e-12) {
       f = without;
     } else {
       chosen[*it] = true;
     }
   }
-  result.plan = plan_of(all, chosen);
+  result.plan = plan_with(all, chosen);
   result.forecast = f;
   return result;
 }

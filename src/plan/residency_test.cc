@@ -153,6 +153,49 @@ TEST(ResidencyReplay, AnActivationLeavesOnceItsCopyLandsAndReturnsBeforeItsReade
   EXPECT_DOUBLE_EQ(simulate_residency(m, {{{0, 0, 1}}}, link()).stall_ms, 0.75);
 }
 
+TEST(ResidencyReplay, RecordsATimelineTheSimulatorsWritersDraw) {
+  testing::GraphBuilder b("step");
+  auto w = b.input("w", b.tensor({1000, 500}));
+  auto x = b.input("x", b.tensor({1000, 500}));
+  auto a = b.named("act").call("aten.mm.default", {x, w}, b.tensor({1000, 500}));
+  auto h = b.call("aten.relu.default", {a}, b.tensor({1000, 500}));
+  auto h2 = b.call("aten.relu.default", {h}, b.tensor({1000, 500}));
+  auto h3 = b.call("aten.relu.default", {h2}, b.tensor({1000, 500}));
+  b.backward();
+  auto g = b.call("aten.mm.default", {a, h3}, b.tensor({1000, 500}));
+  b.output({g});
+  Graph graph = b.build();
+  for (Node& node : graph.nodes) {
+    if (node.kind == NodeKind::kCallFunction) node.time_ms = 2.0;  // a 1 ms copy lands in one op
+  }
+  const ResidencyModel m = residency_model(graph, link());
+  // act leaves after its last forward use (h's relu), its copy lands during h2's relu,
+  // and it comes back during h3's for the backward mm.
+  std::int32_t act = -1;
+  for (std::size_t s = 0; s < m.storages.size(); ++s)
+    if (m.storages[s].name == "act") act = static_cast<std::int32_t>(s);
+  ASSERT_GE(act, 0);
+  const ResidencyForecast f = simulate_residency(m, {{{act, 1, 1}}}, link(), true);
+  ASSERT_EQ(f.timeline.size(), graph.nodes.size());
+  for (const TimelinePoint& point : f.timeline) {
+    std::int64_t sum = 0;
+    for (std::int64_t bytes : point.by_category) sum += bytes;
+    EXPECT_EQ(sum, point.live_bytes) << point.node;
+  }
+  int d2h = 0, h2d = 0;
+  for (const StreamInterval& interval : f.intervals) {
+    d2h += interval.stream == Stream::kD2H;
+    h2d += interval.stream == Stream::kH2D;
+  }
+  EXPECT_EQ(d2h, 1);
+  EXPECT_EQ(h2d, 1);
+  const SimResult r = residency_sim_result(graph, m, f);
+  EXPECT_EQ(r.peak_bytes, f.peak_bytes);
+  EXPECT_NE(chrome_trace(graph, r).find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(memory_svg(graph, r, "step").find("<svg"), std::string::npos);
+  EXPECT_THROW(residency_sim_result(graph, m, simulate_residency(m, {}, link())), InvalidArgument);
+}
+
 TEST(ResidencyReplay, RefusesPlansThatDoNotFitTheModel) {
   ResidencyModel m = ops(6);
   m.storages.push_back(storage("w", kMs, {1, 4}, {}, true));

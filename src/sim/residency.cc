@@ -34,6 +34,7 @@
 // then they begin on the host, their copy valid.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -50,15 +51,15 @@
 namespace spillway {
 namespace {
 
-[[noreturn]] void bad(const std::string& message) { throw InvalidArgument("residency", message); }
+[[noreturn]] void residency_bad(const std::string& message) { throw InvalidArgument("residency", message); }
 
 // Storage ids of a value's tensors with the furthest byte each reaches.
-void storages_of(const Value& value, std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
+void residency_storages_of(const Value& value, std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
   if (value.is_tensor()) {
     if (value.tensor.storage) out.emplace_back(*value.tensor.storage, sim::tensor_bytes(value.tensor).extent);
     return;
   }
-  for (const Value& element : value.elements) storages_of(element, out);
+  for (const Value& element : value.elements) residency_storages_of(element, out);
 }
 
 }  // namespace
@@ -98,12 +99,13 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
     const auto pos = static_cast<std::int32_t>(p);
     position[node.id] = p;
     model.op_names.push_back(node.name);
+    model.op_ids.push_back(node.id);
     model.op_ms.push_back(cost.node_ms(graph, node));
     const auto [scratch_a, scratch_b] = sim::scratch_bytes(node);
     model.op_scratch.push_back(round_allocation(scratch_a, cost.profile()) +
                                round_allocation(scratch_b, cost.profile()));
     found.clear();
-    storages_of(node.value, found);
+    residency_storages_of(node.value, found);
     if (node.kind == NodeKind::kPlaceholder || node.kind == NodeKind::kGetAttr) {
       for (const auto& [id, reach] : found) {
         const std::size_t s = storage(id, node.name);
@@ -122,7 +124,7 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
           stack.pop_back();
           if (a->kind == Arg::Kind::kNode) {
             found.clear();
-            storages_of(graph.nodes[position.at(a->node)].value, found);
+            residency_storages_of(graph.nodes[position.at(a->node)].value, found);
             for (const auto& f : found) written.insert(f.first);
           }
           for (const Arg& item : a->list) stack.push_back(&item);
@@ -143,7 +145,7 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
     const bool kept_by_output = node.kind == NodeKind::kOutput;
     node.for_each_input([&](NodeId input) {
       found.clear();
-      storages_of(graph.nodes[position.at(input)].value, found);
+      residency_storages_of(graph.nodes[position.at(input)].value, found);
       for (const auto& [id, reach] : found) {
         const std::size_t s = storage(id, graph.nodes[position.at(input)].name);
         if (kept_by_output) {
@@ -155,7 +157,7 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
     });
     if (kept_by_output) continue;
     found.clear();
-    storages_of(node.value, found);
+    residency_storages_of(node.value, found);
     for (const auto& [id, reach] : found) {
       const bool existed = index.count(id) > 0;
       const std::size_t s = storage(id, node.name);
@@ -172,15 +174,15 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
 
 namespace {
 
-struct Copy {
+struct ResidencyCopy {
   double start = 0;
   double end = 0;
 };
 
 // One copy stream: copies in issue order, each after the one before.
-struct Stream {
+struct CopyLane {
   double free_at = 0;
-  std::vector<Copy> busy;
+  std::vector<ResidencyCopy> busy;
   bool overlaps(double start, double end) const {
     for (auto it = busy.rbegin(); it != busy.rend(); ++it) {
       if (it->end <= start) break;
@@ -190,10 +192,10 @@ struct Stream {
   }
 };
 
-class Replay {
+class ResidencyReplay {
  public:
-  Replay(const ResidencyModel& model, const ResidencyPlan& plan, const CostModel& cost)
-      : model_(model), cost_(cost), n_(static_cast<std::int32_t>(model.op_ms.size())) {
+  ResidencyReplay(const ResidencyModel& model, const ResidencyPlan& plan, const CostModel& cost, bool record)
+      : model_(model), cost_(cost), n_(static_cast<std::int32_t>(model.op_ms.size())), record_(record) {
     check(plan);
     for (const HostGap& gap : plan.gaps) {
       const ResidencyStorage& st = model.storages[gap.storage];
@@ -219,6 +221,7 @@ class Replay {
   ResidencyForecast run() {
     const std::size_t storages = model_.storages.size();
     on_device_.assign(storages, false);
+    category_.assign(storages, kTemporaries);
     host_valid_.assign(storages, false);
     d2h_done_.assign(storages, -1.0);
     h2d_done_.assign(storages, 0.0);
@@ -232,7 +235,7 @@ class Replay {
       if (starts_on_host_.count(static_cast<std::int32_t>(s))) {
         host_valid_[s] = true;
       } else {
-        allocate(s);
+        allocate(s, kInputs);
       }
     }
     ResidencyForecast out;
@@ -242,8 +245,12 @@ class Replay {
       const bool reported = step == 1;
       if (reported) {
         step_start = now_;
+        step_start_ = now_;
         d2h_bytes_ = h2d_bytes_ = 0;
         stall_ = 0;
+        recording_ = record_;
+      } else {
+        recording_ = false;
       }
       for (std::int32_t p = 0; p < n_; ++p) position(p, reported, out);
       // A storage made in the step and kept goes when the next step makes it again.
@@ -261,6 +268,7 @@ class Replay {
       }
     }
     for (double ms : model_.op_ms) out.compute_ms += ms;
+    out.intervals.insert(out.intervals.end(), intervals_.begin(), intervals_.end());
     for (std::int32_t s : moved_) out.host_bytes += model_.storages[s].bytes;
     return out;
   }
@@ -272,40 +280,61 @@ class Replay {
       const HostGap& gap = plan.gaps[g];
       const std::string where = "gap " + std::to_string(g) + ": ";
       if (gap.storage < 0 || gap.storage >= static_cast<std::int32_t>(model_.storages.size())) {
-        bad(where + "storage " + std::to_string(gap.storage) + " out of range");
+        residency_bad(where + "storage " + std::to_string(gap.storage) + " out of range");
       }
       const ResidencyStorage& st = model_.storages[gap.storage];
       const auto uses = static_cast<std::int32_t>(st.uses.size());
       if (gap.after < 0 || gap.after >= uses) {
-        bad(where + "use " + std::to_string(gap.after) + " of storage " + st.name + " out of range (" +
+        residency_bad(where + "use " + std::to_string(gap.after) + " of storage " + st.name + " out of range (" +
             std::to_string(uses) + " uses)");
       }
       const bool wrap = gap.after + 1 == uses;
       if (wrap && !st.across_steps) {
-        bad(where + "storage " + st.name + " is made in the step: its last use has no gap after it");
+        residency_bad(where + "storage " + st.name + " is made in the step: its last use has no gap after it");
       }
       const std::int32_t start = st.uses[gap.after];
       const std::int32_t next = wrap ? st.uses.front() + n_ : st.uses[gap.after + 1];
-      if (next - start < 2) bad(where + "no op between two uses of " + st.name);
+      if (next - start < 2) residency_bad(where + "no op between two uses of " + st.name);
       if (gap.lead < 1 || gap.lead >= next - start) {
-        bad(where + "lead " + std::to_string(gap.lead) + " outside 1.." + std::to_string(next - start - 1));
+        residency_bad(where + "lead " + std::to_string(gap.lead) + " outside 1.." + std::to_string(next - start - 1));
       }
-      if (!seen.insert({gap.storage, gap.after}).second) bad(where + "the same gap twice");
+      if (!seen.insert({gap.storage, gap.after}).second) residency_bad(where + "the same gap twice");
     }
   }
 
-  void allocate(std::size_t s) {
+  static constexpr int kInputs = static_cast<int>(MemoryCategory::kInputs);
+  static constexpr int kTemporaries = static_cast<int>(MemoryCategory::kTemporaries);
+  static constexpr int kInFlight = static_cast<int>(MemoryCategory::kInFlight);
+  static constexpr int kReloads = static_cast<int>(MemoryCategory::kReloads);
+
+  void allocate(std::size_t s, int category) {
     if (on_device_[s]) return;
     on_device_[s] = true;
     live_ += model_.storages[s].bytes;
+    category_[s] = category;
+    by_category_[category] += model_.storages[s].bytes;
   }
   void release(std::size_t s) {
     if (!on_device_[s]) return;
     on_device_[s] = false;
     live_ -= model_.storages[s].bytes;
+    by_category_[category_[s]] -= model_.storages[s].bytes;
+  }
+  void recategorise(std::size_t s, int category) {
+    if (!on_device_[s]) return;
+    by_category_[category_[s]] -= model_.storages[s].bytes;
+    category_[s] = category;
+    by_category_[category] += model_.storages[s].bytes;
+  }
+  NodeId op_id(std::int32_t p) const {
+    return p < static_cast<std::int32_t>(model_.op_ids.size()) ? model_.op_ids[p] : p;
+  }
+  int own_category(std::size_t s) const {
+    return model_.storages[s].across_steps ? kInputs : kTemporaries;
   }
 
-  double copy(Stream& self, Stream& other, double start, std::int64_t bytes, bool h2d) {
+  double copy(CopyLane& self, CopyLane& other, double start, std::int64_t bytes, bool h2d,
+              std::int32_t issued_at) {
     start = std::max(start, self.free_at);
     const double alone = h2d ? cost_.h2d_ms(bytes) : cost_.d2h_ms(bytes);
     const double end = other.overlaps(start, start + alone)
@@ -313,6 +342,10 @@ class Replay {
                            : start + alone;
     self.free_at = end;
     self.busy.push_back({start, end});
+    if (recording_) {
+      intervals_.push_back({h2d ? Stream::kH2D : Stream::kD2H, op_id(issued_at),
+                            start - step_start_, end - step_start_, bytes});
+    }
     return end;
   }
 
@@ -320,6 +353,7 @@ class Replay {
     // (1) Frees of storages whose D2H has landed.
     for (auto it = pending_free_.begin(); it != pending_free_.end();) {
       if (d2h_done_[*it] <= now_) {
+        recategorise(*it, own_category(*it));
         release(*it);
         it = pending_free_.erase(it);
       } else {
@@ -331,11 +365,12 @@ class Replay {
       for (const std::size_t s : it->second) {
         if (pending_free_.erase(s) > 0) {  // its D2H has not landed: the buffer is still here
           h2d_done_[s] = 0;
+          recategorise(s, own_category(s));
           continue;
         }
         if (on_device_[s]) continue;  // never left (the first step, before the gap's start)
-        allocate(s);
-        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true);
+        allocate(s, kReloads);
+        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true, p);
         h2d_bytes_ += model_.storages[s].bytes;
       }
     }
@@ -345,14 +380,14 @@ class Replay {
       if (!on_device_[s]) {  // a storage whose copy back was planned for the step before
         if (!alive_[s] && !model_.storages[s].across_steps) {
           alive_[s] = true;  // made here
-          allocate(s);
+          allocate(s, kTemporaries);
           continue;
         }
-        allocate(s);
-        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true);
+        allocate(s, kReloads);
+        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true, p);
         h2d_bytes_ += model_.storages[s].bytes;
       }
-      pending_free_.erase(s);
+      if (pending_free_.erase(s) > 0) recategorise(s, own_category(s));
       begin = std::max(begin, h2d_done_[s]);
       alive_[s] = true;
     }
@@ -365,6 +400,19 @@ class Replay {
         out.peak_op = p;
       }
     }
+    if (recording_) {
+      TimelinePoint point;
+      point.node = op_id(p);
+      point.start_ms = begin - step_start_;
+      point.end_ms = begin + model_.op_ms[p] - step_start_;
+      point.live_bytes = live_;
+      point.scratch_bytes = model_.op_scratch[p];
+      for (int c = 0; c < kMemoryCategoryCount; ++c) point.by_category[c] = by_category_[c];
+      out.timeline.push_back(point);
+      if (model_.op_ms[p] > 0) {
+        out.intervals.push_back({Stream::kCompute, point.node, point.start_ms, point.end_ms, 0});
+      }
+    }
     now_ = begin + model_.op_ms[p];
     for (std::size_t s : uses_at(p)) {
       if (writes_at(s, p)) host_valid_[s] = false;
@@ -372,7 +420,7 @@ class Replay {
     // (4) Write-backs, then leaving the device.
     if (auto it = writebacks_after_.find(p); it != writebacks_after_.end()) {
       for (std::int32_t s : it->second) {
-        d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false);
+        d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false, p);
         d2h_bytes_ += model_.storages[s].bytes;
         host_valid_[s] = true;
       }
@@ -381,13 +429,15 @@ class Replay {
       for (std::int32_t s : it->second) {
         if (host_valid_[s] && d2h_done_[s] > now_) {
           pending_free_.insert(s);  // its write-back is under way
+          recategorise(s, kInFlight);
         } else if (host_valid_[s]) {
           release(s);
         } else {  // the first step: no write-back before it yet
-          d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false);
+          d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false, p);
           d2h_bytes_ += model_.storages[s].bytes;
           host_valid_[s] = true;
           pending_free_.insert(s);
+          recategorise(s, kInFlight);
         }
       }
     }
@@ -425,6 +475,12 @@ class Replay {
   const ResidencyModel& model_;
   const CostModel& cost_;
   const std::int32_t n_;
+  const bool record_;
+  bool recording_ = false;
+  double step_start_ = 0;
+  std::vector<int> category_;
+  std::array<std::int64_t, kMemoryCategoryCount> by_category_{};
+  std::vector<StreamInterval> intervals_;
   std::map<std::int32_t, std::vector<std::int32_t>> leaves_after_;
   std::map<std::int32_t, std::vector<std::int32_t>> issues_at_;
   std::set<std::int32_t> starts_on_host_;
@@ -435,7 +491,7 @@ class Replay {
   std::vector<bool> on_device_, host_valid_, alive_;
   std::vector<double> d2h_done_, h2d_done_;
   std::set<std::size_t> pending_free_;
-  Stream d2h_, h2d_;
+  CopyLane d2h_, h2d_;
   double now_ = 0;
   double stall_ = 0;
   std::int64_t live_ = 0;
@@ -456,8 +512,40 @@ std::int32_t write_back_position(const ResidencyModel& model, const HostGap& gap
 }
 
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
-                                     const CostModel& cost) {
-  return Replay(model, plan, cost).run();
+                                     const CostModel& cost, bool record_timeline) {
+  return ResidencyReplay(model, plan, cost, record_timeline).run();
+}
+
+SimResult residency_sim_result(const Graph& graph, const ResidencyModel& model,
+                               const ResidencyForecast& forecast) {
+  if (forecast.timeline.size() != model.op_ms.size() || graph.nodes.size() != model.op_ms.size()) {
+    throw InvalidArgument("residency", "the writers need a forecast simulated with record_timeline "
+                                       "from a model of this graph");
+  }
+  SimResult r;
+  r.step_ms = forecast.step_ms;
+  r.peak_bytes = forecast.peak_bytes;
+  if (forecast.peak_op >= 0) {
+    const TimelinePoint& at = forecast.timeline[forecast.peak_op];
+    r.peak_node = at.node;
+    r.peak_phase = graph.nodes[forecast.peak_op].phase;
+    r.peak_time_ms = at.start_ms;
+    r.peak_by_category = at.by_category;
+    r.peak_by_category[static_cast<int>(MemoryCategory::kTemporaries)] += at.scratch_bytes;
+  }
+  r.compute_busy_ms = forecast.compute_ms;
+  r.compute_wait_ms = forecast.stall_ms;
+  r.bytes_d2h = forecast.bytes_d2h;
+  r.bytes_h2d = forecast.bytes_h2d;
+  r.host_peak_bytes = forecast.host_bytes;
+  for (const StreamInterval& interval : forecast.intervals) {
+    const double ms = interval.end_ms - interval.start_ms;
+    if (interval.stream == Stream::kD2H) r.d2h_busy_ms += ms;
+    if (interval.stream == Stream::kH2D) r.h2d_busy_ms += ms;
+  }
+  r.timeline = forecast.timeline;
+  r.intervals = forecast.intervals;
+  return r;
 }
 
 }  // namespace spillway
