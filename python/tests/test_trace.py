@@ -356,6 +356,28 @@ def test_replay_under_a_plan_is_exact_and_really_moves_storages(fraction):
     _same(model, opt, twin, twin_opt)
 
 
+def test_replay_host_buffers_are_the_moved_bytes_rounded_to_pages():
+    """One host buffer per moved storage, from the runtime's pool (a page-rounded
+    pinned block; torch's pinned allocator would round to a power of two), made once:
+    the pool holds no more after five steps than after one."""
+    from spillway import ops
+    model, opt, twin, twin_opt, ids = _twins(11)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    plan = spillway.trace.plan(trace, 0.3, min_bytes=64 << 10)
+    before = ops.pool_stats("cpu")["bytes_live"]
+    replay = spillway.trace.replay(trace, plan)
+    with replay:
+        held = []
+        for k in range(2, 7):
+            with replay.step():
+                _llama_step(model, opt, ids, k)
+            held.append(ops.pool_stats("cpu")["bytes_live"] - before)
+    moved = sum(m.nbytes for m in replay._moved.values() if m.host is not None)
+    assert moved > 0
+    assert held[0] == held[-1], held
+    assert moved <= held[-1] <= moved + 4096 * len(replay._moved), (held, moved)
+
+
 def test_reading_an_away_storage_between_steps_brings_it_back():
     model, opt, twin, twin_opt, ids = _twins(6)
     trace = _recorded(model, opt, twin, twin_opt, ids)

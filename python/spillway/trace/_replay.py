@@ -19,8 +19,10 @@ first brings back any storage it touches (counted as on_demand when the plan
 did not foresee it).
 
 Copies run on two side streams: a D2H stream that waits for the compute
-stream, then copies into the storage's host buffer (pinned; one per moved
-storage, made once); an H2D stream that waits for the compute stream (the
+stream, then copies into the storage's host buffer (one per moved storage,
+made at its first write-back by the runtime's copy engine: a pinned block of
+the storage's size rounded to a page, so pinned bytes are the moved bytes);
+an H2D stream that waits for the compute stream (the
 storage's new memory is allocated in its order), then copies back. The
 compute stream waits for a storage's H2D event before the op that needs it,
 and for its D2H event before an op that writes it. A storage leaves once its
@@ -174,6 +176,7 @@ class Replay(TorchDispatchMode):
     def __exit__(self, *exc):
         try:
             self._bring_all_back()
+            self._drain()
         finally:
             result = super().__exit__(*exc)
             _active.remove(self)
@@ -184,6 +187,13 @@ class Replay(TorchDispatchMode):
         """Every moved storage back on the device (also what leaving the context does)."""
         with self._lock:
             self._bring_all_back()
+            self._drain()
+
+    def _drain(self) -> None:
+        """No copy of ours is under way: host buffers may be freed after this."""
+        if self._streams is not None:
+            for stream in self._streams:
+                stream.synchronize()
 
     def rerecord(self) -> None:
         """Record the next step again and plan it anew for the same budget."""
@@ -277,12 +287,16 @@ class Replay(TorchDispatchMode):
 
     def _write_back_now(self, m: _Moved, storage) -> None:
         m.nbytes = storage.nbytes()
-        if m.host is None or m.host.numel() != m.nbytes:
-            m.host = torch.empty(m.nbytes, dtype=torch.uint8,
-                                 pin_memory=storage.device.type == "cuda")
         source = self._bytes_of(storage)
         streams = self._copy_streams(storage.device)
-        if streams is None:
+        if m.host is None or m.host.numel() != m.nbytes:
+            # The first write-back: the runtime's copy engine makes the host buffer, a
+            # pinned block of the storage's size rounded to a page (torch's pinned
+            # allocator would round to a power of two), waited for on the compute stream.
+            from spillway import ops
+            m.host = ops.wait_tensor(ops.offload(source, exact=True), keepalive=source)
+            m.d2h = None
+        elif streams is None:
             m.host.copy_(source)
             m.d2h = None
         else:
