@@ -119,6 +119,10 @@ struct ResidencyOptions {
   double prefetch_slack = 1.25;         // issue a copy this much ahead of its need
   ResidencyStrategy strategy = ResidencyStrategy::kGreedy;
   int exact_max_gaps = 14;
+  // Greedy: when the plan stalls, issue copies back earlier (a gap's lead one
+  // op longer or doubled, while the plan fits and gets faster). Off: every lead is the
+  // slack rule's (what kExact enumerates with).
+  bool tune_leads = true;
 };
 
 struct ResidencyResult {
