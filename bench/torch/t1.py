@@ -38,6 +38,10 @@ BENCHMARKS.md). Methods:
   spillway-eager         eager, spillway.offload_activations; options
                          after a colon: spillway-eager:scope=*,layers=0-2,lag=8,prefetch=4
                          (0-2: a range, a+b: a list, none: None)
+  spillway-trace:budget=B  eager, trace and replay (spillway.trace): step 1 plain, step 2
+                         recorded and planned for B (a fraction of the recorded step's
+                         simulated peak, e.g. 0.9, or 28GiB), replayed from step 3
+                         (needs --warmup >= 3); min_bytes=N as for the planner
   spillway-eager-budget  eager, spillway.offload_activations(memory_budget=...): the
                          budget after the colon is activation memory above the
                          resident weights and gradients, as the table reports it
@@ -205,6 +209,8 @@ def _step_fn(name: str, options: dict, model, device: str):
         return plain, dict
     if name == "spillway-eager-budget":
         return _eager_budget(model, device, options, plain)
+    if name == "spillway-trace":
+        return _trace_replay(model, options, plain)
     if name in ("torchtune-offload", "torchtune-offload-ckpt"):
         if not device.startswith("cuda"):
             raise SystemExit("[t1] torchtune's OffloadActivations needs CUDA (its streams, and "
@@ -284,6 +290,53 @@ def _step_fn(name: str, options: dict, model, device: str):
                     "backward_ops": [dict(p.backward_ops) for p in plans]}
         return (lambda ids: fn(input_ids=ids, labels=ids, use_cache=False).loss), plan_stats
     raise SystemExit(f"[t1] unknown method '{name}'")
+
+
+def _trace_replay(model, options, plain):
+    """spillway-trace: the first call plain, the second recorded (spillway.trace.record),
+    planned for options["budget"] (a fraction of the recorded step's simulated peak, or
+    bytes as text) and replayed from the third. The driver calls backward after step()
+    returns, so a step's context stays open until the next call: each replayed (and
+    the recorded) step is the forward, the backward and what the driver does between."""
+    from spillway.trace import plan, replay
+    from spillway.trace._recorder import Recorder
+
+    state = {"calls": 0, "open": None, "recorder": None, "replay": None, "plan": None}
+    budget = options.get("budget", 0.9)
+    try:
+        budget = float(budget) if float(budget) <= 1 else budget  # a fraction
+    except ValueError:
+        pass  # bytes as text: 28GiB
+    min_bytes = int(options.get("min_bytes", 1 << 20))
+
+    def step(ids):
+        if state["open"] is not None:
+            state["open"].__exit__(None, None, None)
+            state["open"] = None
+        if state["recorder"] is not None:  # the recorded step ended with this call
+            recorder, state["recorder"] = state["recorder"], None
+            recorder.__exit__(None, None, None)
+            state["plan"] = plan(recorder.trace, budget, min_bytes=min_bytes)
+            state["replay"] = replay(recorder.trace, state["plan"])
+            state["replay"].__enter__()
+        state["calls"] += 1
+        if state["replay"] is not None:
+            state["open"] = state["replay"].step()
+            state["open"].__enter__()
+        elif state["calls"] == 2:
+            state["recorder"] = Recorder(model)
+            state["recorder"].__enter__()
+        return plain(ids)
+
+    def stats():
+        if state["plan"] is None:
+            return {}
+        f, u = state["plan"]["forecast"], state["plan"]["unplanned"]
+        return {"replay": state["replay"].stats(), "budget_bytes": state["plan"]["budget_bytes"],
+                "forecast_step_ms": f["step_ms"], "forecast_peak_gib": f["peak_bytes"] / GIB,
+                "unplanned_step_ms": u["step_ms"], "unplanned_peak_gib": u["peak_bytes"] / GIB,
+                "gaps": len(state["plan"]["gaps"]), "host_gib": f["host_bytes"] / GIB}
+    return step, stats
 
 
 def _selective_checkpointing(model, plain):
@@ -888,9 +941,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.flat_steps < 0:
         parser.error("--steps must be >= 1, --warmup and --flat-steps >= 0")
-    if args.warmup < 3 and any(m.startswith("spillway-eager-budget") for m in args.method):
-        parser.error("spillway-eager-budget profiles its first two steps and plans at the "
-                     "third: --warmup must be >= 3")
+    if args.warmup < 3 and any(m.startswith(("spillway-eager-budget", "spillway-trace"))
+                               for m in args.method):
+        parser.error("spillway-eager-budget and spillway-trace profile or record their first "
+                     "two steps and plan at the third: --warmup must be >= 3")
     if args.one:
         print("T1RESULT " + json.dumps(run_one(args.one, args)), flush=True)
         return 0
