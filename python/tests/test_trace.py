@@ -567,3 +567,23 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak():
               f"{(plan['unplanned']['peak_bytes'] - plan['forecast']['peak_bytes']) / 2**20:.1f} "
               f"MiB less, measured {saved / 2**20:.1f}")
         assert saved > 0.25 * (plan["unplanned"]["peak_bytes"] - plan["forecast"]["peak_bytes"])
+
+
+def test_the_t3_benchmark_runs_and_checks_its_results(tmp_path):
+    """bench/torch/t3.py on a tiny model on CPU: the reference, then record, plan and
+    replay in their own processes; losses of every step and the checksums of every
+    parameter and AdamW state after the last equal the reference's (the GPU run's
+    check), with no miss."""
+    import sys
+    out = tmp_path / "t3.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench/torch/t3.py"), "--tiny", "--device", "cpu",
+         "--method", "none", "--method", "spillway:budget=0.5", "--min-bytes", "16384",
+         "--steps", "4", "--work", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = {r["method"]: r for r in json.loads(out.read_text())}
+    spill = results["spillway:budget=0.5"]
+    assert spill["losses_equal"] is True and spill["state_equal"] is True
+    assert spill["replay"]["misses"] == 0 and spill["replay"]["left"] > 0
+    assert spill["forecast"]["peak_bytes"] <= spill["forecast"]["budget_bytes"]
