@@ -496,12 +496,16 @@ class Replay(TorchDispatchMode):
     _opaque = 0
     _closed = False
 
+    # These two run outside __torch_dispatch__ (from the region's wrapper and its
+    # autograd functions), with this mode on the stack: the copies they start must not
+    # pass through it (a copy's torch.empty would count as the step's next op).
+
     def begin_virtual(self, target: str, inputs: list):
-        with self._lock:
+        with self._lock, torch.utils._python_dispatch._disable_current_modes():
             self._virtual.append(self._before_op(target, list(inputs)))
 
     def record(self, target, schema, args, kwargs, out, time_ms=None):
-        with self._lock:
+        with self._lock, torch.utils._python_dispatch._disable_current_modes():
             following, k = self._virtual.pop()
             self._after_op(target, _tensors(out, []), following, k)
 
