@@ -246,10 +246,13 @@ def test_the_residency_plan_of_a_recorded_step_fits_its_budget(wider_step, fract
     assert forecast["step_ms"] <= 1.01 * unplanned["step_ms"]
 
 
-def test_a_tighter_budget_never_forecasts_a_larger_peak(wider_step):
-    peaks = [spillway.trace.plan(wider_step, f, min_bytes=64 << 10)["forecast"]["peak_bytes"]
-             for f in (0.8, 0.6, 0.4)]
-    assert peaks[0] >= peaks[1] >= peaks[2]
+def test_each_budget_gets_a_plan_within_it(wider_step):
+    """Greedy plans need not be monotone (one may overshoot its budget more than a
+    tighter one does), but each fits its own budget, as simulated."""
+    for fraction in (0.8, 0.6, 0.4):
+        plan = spillway.trace.plan(wider_step, fraction, min_bytes=64 << 10)
+        assert plan["forecast"]["peak_bytes"] <= plan["budget_bytes"], fraction
+        assert plan["budget_bytes"] <= fraction * plan["unplanned"]["peak_bytes"] + 1
 
 
 def test_residency_planning_errors_name_the_problem(wider_step):
