@@ -65,11 +65,12 @@ def _checksum(t) -> list[int]:
 
 
 def _state_sums(model, optimizer) -> dict:
+    import torch
     out = {}
     for name, p in model.named_parameters():
         out[name] = _checksum(p)
         for key, value in optimizer.state.get(p, {}).items():
-            if hasattr(value, "dtype") and value.dtype == __import__("torch").float32:
+            if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
                 out[f"{name}.{key}"] = _checksum(value)
     return out
 

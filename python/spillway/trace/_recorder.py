@@ -84,7 +84,6 @@ class Trace:
     `storages` what happened to each storage id the graph uses."""
     graph: dict
     storages: dict[int, StorageInfo] = field(default_factory=dict)
-    misses: int = 0
     # Weak references to the storages that were there before the step (parameters,
     # optimizer state), by id: a replay binds them before its first step.
     refs: dict = field(default_factory=dict, repr=False, compare=False)
@@ -387,7 +386,9 @@ class Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
             elapsed = (time.perf_counter() - began) * 1e3 if self._timed else None
         with self._lock:
-            node = self.record(str(func), op_schema_entry(func), args, kwargs, out, elapsed)
+            target = str(func)
+            schema = op_schema_entry(func) if target not in self.ops else None
+            node = self.record(target, schema, args, kwargs, out, elapsed)
             if cuda:
                 self._events.append((node["id"], start, end))
         return out
@@ -414,8 +415,6 @@ class Recorder(TorchDispatchMode):
             self._refs.clear()
             self._ids.clear()
             self._by_view.clear()
-        # Storages made during the step that a model or optimizer holds now (gradients,
-        # optimizer state made on a first step) are named for what they are.
         graph = {"format": FORMAT, "version": VERSION, "name": "recorded step",
                  "metadata": {"recorder": "spillway.trace", "torch": torch.__version__,
                               "ops": str(sum(n["kind"] == "call_function" for n in self.nodes))},
