@@ -18,7 +18,8 @@
 The submodules load lazily (importing spillway alone stays cheap and does not
 import torch): spillway.activations (eager.py, compiled.py: activation
 offload), spillway.weights (layerwise.py: weight offload), spillway.trace (a
-step recorded op by op: trace and replay), spillway.ops (the custom ops),
+step recorded op by op: trace and replay), spillway.optim (HostAdamW: AdamW
+state on the host, updated on the CPU), spillway.ops (the custom ops),
 spillway.fx_export (the FX graph exporter).
 """
 
@@ -37,7 +38,7 @@ def __getattr__(name):
     if name == "offload_weights":
         from spillway.weights.layerwise import offload_weights
         return offload_weights
-    if name == "trace":
+    if name in ("trace", "optim"):
         import importlib
-        return importlib.import_module("spillway.trace")
+        return importlib.import_module(f"spillway.{name}")
     raise AttributeError(f"module 'spillway' has no attribute {name!r}")

@@ -1,0 +1,126 @@
+"""Which host arithmetic reproduces a device's AdamW(fused=True), found by running both.
+
+Note [Probing the device optimizer]
+The host update (Note [Host AdamW], src/optim/adamw.cc) knows two forms of PyTorch's
+fused AdamW kernel. Which one a given torch build runs, and whether its compiler
+made the same contractions, is not something to assume: probe_adamw() runs
+torch.optim.AdamW(fused=True) on the device on a tensor whose values span many
+binades (zeros of both signs and subnormals among them), with the caller's
+hyperparameters, at steps 1, 2, 3, 1000 and 2**20 + 5 (the step count is set
+directly), and runs each host form beside it on the same values. A form is used
+only if parameter and both moments are the same bits at every probed step. The
+result is cached per (device, hyperparameters).
+
+The powers beta**step in the bias corrections come from the device as well
+(powers()): its pow is not correctly rounded, so the host's could differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+ARITHMETICS = ("cuda-fused-double", "cuda-fused-float")
+
+_PROBE_STEPS = (1, 2, 3, 1000, 2 ** 20 + 5)
+
+
+def arithmetic_code(name: str) -> int:
+    """The op's integer for a form's name."""
+    return ARITHMETICS.index(name)
+
+
+def powers(arithmetic: str, beta1: float, beta2: float, step: float,
+           device: torch.device) -> tuple[float, float]:
+    """beta1**step and beta2**step as the device kernel of `arithmetic` computes them:
+    in double (cuda-fused-double) or in float (cuda-fused-float), with the step read as
+    a float, by the device's own pow."""
+    step32 = float(torch.tensor(step, dtype=torch.float32))
+    dtype = torch.float64 if arithmetic == ARITHMETICS[0] else torch.float32
+    base = torch.tensor([beta1, beta2], dtype=dtype, device=device)
+    # A tensor exponent of the same shape: the elementwise pow kernel, not a
+    # special case for scalar exponents such as 2.
+    exponent = torch.full((2,), step32, dtype=dtype, device=device)
+    p1, p2 = torch.pow(base, exponent).tolist()
+    return p1, p2
+
+
+def host_update(arithmetic: str, param: torch.Tensor, grad: torch.Tensor,
+                exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, lr: float,
+                betas: tuple[float, float], eps: float, weight_decay: float,
+                maximize: bool, step: float, device: torch.device, threads: int) -> None:
+    """One host AdamW update in place (float32 CPU tensors), the bias corrections from
+    `device`'s pow."""
+    p1, p2 = powers(arithmetic, betas[0], betas[1], step, device)
+    torch.ops.spillway.adamw_update_(param, grad, exp_avg, exp_avg_sq, float(lr),
+                                     float(betas[0]), float(betas[1]), float(eps),
+                                     float(weight_decay), bool(maximize), p1, p2,
+                                     arithmetic_code(arithmetic), int(threads))
+
+
+def _probe_values(n: int, seed: int, scale: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    mantissa = torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1
+    exponent = torch.randint(-30, 5, (n,), generator=g).to(torch.float64)
+    out = (scale * mantissa * torch.pow(2.0, exponent)).to(torch.float32)
+    kind = torch.randint(0, 16, (n,), generator=g)
+    out[kind == 0] = 0.0
+    out[kind == 1] = -0.0
+    out[kind == 2] = (mantissa[kind == 2] * 2.0 ** -140).to(torch.float32)  # subnormal
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_cached(device: str, lr: float, beta1: float, beta2: float, eps: float,
+                  weight_decay: float, maximize: bool) -> tuple:
+    from spillway import ops  # loads spillway._C, which registers the op
+    del ops
+    dev = torch.device(device)
+    n = (1 << 16) + 7
+    p0 = _probe_values(n, 1, 1.0)
+    ref = p0.clone().to(dev).requires_grad_(True)
+    opt = torch.optim.AdamW([ref], lr=lr, betas=(beta1, beta2), eps=eps,
+                            weight_decay=weight_decay, maximize=maximize, fused=True)
+    hosts = {a: (p0.clone(), torch.zeros(n), torch.zeros(n)) for a in ARITHMETICS}
+    mismatch = {}
+    for i, step in enumerate(_PROBE_STEPS):
+        grad = _probe_values(n, 100 + i, 1e4 if i == 2 else 1.0)
+        if i > 0:
+            opt.state[ref]["step"].fill_(step - 1)
+        ref.grad = grad.to(dev)
+        opt.step()
+        got = (ref.detach().cpu(), opt.state[ref]["exp_avg"].cpu(),
+               opt.state[ref]["exp_avg_sq"].cpu())
+        for a, (p, m, v) in hosts.items():
+            if a in mismatch:
+                continue
+            host_update(a, p, grad, m, v, lr=lr, betas=(beta1, beta2), eps=eps,
+                        weight_decay=weight_decay, maximize=maximize, step=step,
+                        device=dev, threads=1)
+            for name, h, d in zip(("param", "exp_avg", "exp_avg_sq"), (p, m, v), got):
+                same = h.view(torch.int32) == d.view(torch.int32)
+                if not bool(same.all()):
+                    k = int((~same).nonzero()[0])
+                    mismatch[a] = (f"{name}[{k}] at step {step}: device {d[k].item()!r}, "
+                                   f"host {h[k].item()!r} (grad {grad[k].item()!r}, "
+                                   f"{int((~same).sum())} of {n} differ)")
+                    break
+    matching = [a for a in ARITHMETICS if a not in mismatch]
+    return (matching[0] if matching else None), tuple(sorted(mismatch.items()))
+
+
+def probe_adamw(device, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                weight_decay: float = 1e-2, maximize: bool = False) -> dict:
+    """Runs torch.optim.AdamW(fused=True) on `device` beside each host form
+    (Note [Probing the device optimizer]). Returns {"arithmetic": the first form that
+    gave the same bits at every probed step, or None; "mismatch": {form: where it
+    first differed}}."""
+    for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"[optim] {name} must be a finite number >= 0, got {value!r}")
+    arithmetic, mismatch = _probe_cached(str(torch.device(device)), float(lr),
+                                         float(betas[0]), float(betas[1]), float(eps),
+                                         float(weight_decay), bool(maximize))
+    return {"arithmetic": arithmetic, "mismatch": dict(mismatch)}
