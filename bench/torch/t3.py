@@ -19,6 +19,10 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
                           parameter group per parameter, so its fused step is one op per
                           parameter the plan can move around (the same arithmetic per
                           element as one group: bitwise equal, checked against none)
+    spillway-hostadam     spillway.optim.HostAdamW(step_in_backward=True, free_grads=True):
+                          the AdamW state on the host, each parameter updated on the CPU
+                          as soon as its gradient is complete, during backward, in the
+                          form probed to equal AdamW(fused=True) on this GPU bit for bit
     torchao-offload       torchao's CPUOffloadOptimizer(AdamW, fused=True): the AdamW
                           state and step on the CPU (a carried wheel, SPILLWAY_T3_TORCHAO_DIR)
 
@@ -106,6 +110,14 @@ def run_one(method: str, args) -> dict:
     elif kind == "spillway":
         optimizer = torch.optim.AdamW([{"params": [p]} for p in model.parameters()],
                                       lr=1e-4, fused=fused)
+    elif kind == "spillway-hostadam":
+        from spillway.optim import HostAdamW
+        # On a CPU the probe finds torch's CPU AdamW unlike either CUDA form: the smoke
+        # test names one (and its checksums then differ from the reference's).
+        optimizer = HostAdamW(model.parameters(), lr=1e-4, step_in_backward=True,
+                              free_grads=True,
+                              arithmetic="probe" if device.type == "cuda" else "cuda-fused-float")
+        result_extra = {"arithmetic": optimizer._arithmetic[0]}
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
 
@@ -130,6 +142,8 @@ def run_one(method: str, args) -> dict:
         return out, (time.perf_counter() - began) * 1e3
 
     result = {"method": method, "losses": [], "sums": [], "times_ms": []}
+    if kind == "spillway-hostadam":
+        result.update(result_extra)
     if kind == "torchao-offload":
         result["torchao"] = version
     plan = replay = None

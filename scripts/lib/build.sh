@@ -28,7 +28,8 @@ cmake_build() {
   fi
   rm -f "$log"
   echo "[$tag]   configured in $((SECONDS - start)) s"
-  NINJA_STATUS="[%f/%t] " cmake --build --preset "$preset" ${target:+--target "$target"} \
+  # shellcheck disable=SC2086  # $target: one or more target names, split on spaces
+  NINJA_STATUS="[%f/%t] " cmake --build --preset "$preset" ${target:+--target $target} \
     -- -j"$(nproc)" 2>&1 | _cmake_build_progress "$tag" "$start" || status=$?
   if ((status != 0)); then
     echo "[$tag] building $what failed after $((SECONDS - start)) s (exit $status; the messages above say why)" >&2
