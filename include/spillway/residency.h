@@ -35,12 +35,33 @@ struct ResidencyStorage {
   std::vector<bool> writes;
 };
 
+// A device optimizer step that may run on the host instead (ZeRO-Offload's
+// choice; spillway.optim.HostAdamW runs it, Note [Host AdamW]): its gradients
+// go to the host once complete (at their last write before `ops`), the update
+// runs on the host CPUs, and the new parameters come back by H2D; the state
+// it updates (moments, step counts) lives on the host for good and the ops
+// take no device time. A parameter so updated always has a valid host copy
+// (the master the update writes), so it may leave the device in any gap
+// without a write-back; when it spends its wrap on the device, the new value
+// is copied into it in place.
+struct HostUpdate {
+  std::vector<std::int32_t> ops;     // positions of the device optimizer ops it replaces
+  std::vector<std::int32_t> params;  // storages (indices) they update
+  std::vector<std::int32_t> grads;   // the parameters' gradients, made in the step
+  std::vector<std::int32_t> states;  // storages that move to the host for good
+  std::int64_t elements = 0;         // parameter elements updated
+  double host_ms = 0;                // the update's time on the host CPUs
+  friend bool operator==(const HostUpdate&, const HostUpdate&) = default;
+};
+
 struct ResidencyModel {
   std::vector<double> op_ms;              // every node of the graph, in order
   std::vector<NodeId> op_ids;             // the nodes' ids
   std::vector<std::string> op_names;      // the nodes' names
   std::vector<std::int64_t> op_scratch;   // bytes a node takes while it runs
   std::vector<ResidencyStorage> storages;
+  // Optimizer steps that may run on the host (add_host_update_candidates).
+  std::vector<HostUpdate> host_updates;
 };
 
 // Every node of `graph` is a position. A node uses the storages of the values
@@ -51,6 +72,27 @@ struct ResidencyModel {
 // reach (execution model (6) of sim.h), rounded. Throws InvalidGraph through
 // the graph's own checks.
 ResidencyModel residency_model(const Graph& graph, const CostModel& cost);
+
+// The host bandwidth of the update, counting the 28 bytes each fp32 element
+// reads and writes (parameter, gradient and two moments in; parameter and
+// moments out): bench/torch/host_adamw.py measures it.
+inline constexpr double kHostAdamWBytesPerElement = 28;
+
+// Adds a candidate to model.host_updates for each op of the graph's optimizer
+// phase that runs AdamW on the device as PyTorch's fused kernel does
+// (aten._fused_adamw_ with amsgrad off, on fp32 parameters whose gradients
+// are made in the step): host_ms = elements * 28 bytes / host_gbs. Returns
+// how many it added. Throws InvalidArgument for host_gbs <= 0.
+int add_host_update_candidates(const Graph& graph, ResidencyModel& model, double host_gbs);
+
+// The model as the chosen host updates (indices into model.host_updates)
+// leave it: their ops take no time and use nothing, their states have no
+// uses (they live on the host), their gradients' uses after their last write
+// before the ops are gone. Positions are unchanged. A gap's `after` in a plan
+// with host updates counts the uses of this model. Throws InvalidArgument on
+// an index out of range or the same update twice.
+ResidencyModel apply_host_updates(const ResidencyModel& model,
+                                  const std::vector<std::int32_t>& chosen);
 
 // One storage on the host between two uses: after its use number `after`
 // (an index into uses; the last use's gap is the wrap to the next step's
@@ -67,6 +109,9 @@ struct HostGap {
 
 struct ResidencyPlan {
   std::vector<HostGap> gaps;
+  // Indices into ResidencyModel::host_updates run on the host (the gaps then
+  // refer to apply_host_updates(model, host_updated)).
+  std::vector<std::int32_t> host_updated = {};
 };
 
 // The second of three steps in a row under the plan (a steady state).
@@ -79,6 +124,7 @@ struct ResidencyForecast {
   std::int64_t bytes_d2h = 0;   // per step
   std::int64_t bytes_h2d = 0;
   std::int64_t host_bytes = 0;  // pinned host memory the plan needs
+  double host_busy_ms = 0;      // the host CPUs running optimizer updates
   std::vector<std::int64_t> live_bytes;  // per position, as at the peak
   // With record_timeline: one point per position (node = the graph node's id,
   // times from the step's start; categories: a placeholder's storage on the
@@ -92,7 +138,8 @@ struct ResidencyForecast {
 // Throws InvalidArgument naming the gap on a plan that does not fit the model
 // (a storage or use out of range, a wrap gap of a storage that does not live
 // across steps, a gap with no op inside it, lead < 1 or beyond the gap, the
-// same gap twice).
+// same gap twice, a host update out of range or twice). Host updates: Note
+// [Residency replay] in src/sim/residency.cc.
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
                                      const CostModel& cost, bool record_timeline = false);
 
@@ -123,6 +170,9 @@ struct ResidencyOptions {
   // op longer or doubled, while the plan fits and gets faster). Off: every lead is the
   // slack rule's (what kExact enumerates with).
   bool tune_leads = true;
+  // The model's host updates: none, all, or whichever of the two gives the
+  // faster plan that fits (kFastest).
+  enum class HostUpdates { kNone, kAll, kFastest } host_updates = HostUpdates::kFastest;
 };
 
 struct ResidencyResult {

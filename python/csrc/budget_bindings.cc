@@ -278,13 +278,14 @@ void init_budget(py::module_& m) {
   m.def(
       "plan_residency",
       [](const std::string& graph_json, const std::string& budget, const std::string& profile,
-         std::int64_t min_bytes, const std::string& strategy, bool live_bytes) {
+         std::int64_t min_bytes, const std::string& strategy, bool live_bytes, double host_adamw_gbs) {
         Knobs knobs;
         knobs.device_profile_json = profile;
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
-          const ResidencyModel model = residency_model(graph, cost);
+          ResidencyModel model = residency_model(graph, cost);
+          if (host_adamw_gbs != 0) add_host_update_candidates(graph, model, host_adamw_gbs);
           ResidencyOptions options;
           options.min_bytes = min_bytes;
           if (strategy == "exact") {
@@ -305,11 +306,13 @@ void init_budget(py::module_& m) {
       },
       py::arg("graph_json"), py::arg("budget"), py::kw_only(), py::arg("device_profile_json") = "",
       py::arg("min_bytes") = std::int64_t{1} << 20, py::arg("strategy") = "greedy",
-      py::arg("live_bytes") = false,
+      py::arg("live_bytes") = false, py::arg("host_adamw_gbs") = 0.0,
       "Plans residency for a recorded step (include/spillway/residency.h) under `budget` (12GiB, "
       "800MiB, bytes, or 60% of the step's own simulated peak); returns JSON text: budget_bytes, "
       "candidates, unplanned and forecast (step_ms, compute_ms, stall_ms, peak_bytes, peak_op, "
-      "bytes_d2h, bytes_h2d, host_bytes; with live_bytes the bytes live at each node), gaps.");
+      "bytes_d2h, bytes_h2d, host_bytes, host_busy_ms; with live_bytes the bytes live at each "
+      "node), gaps, host_updates. host_adamw_gbs > 0: the step's AdamW(fused=True) ops may run "
+      "on the host at that bandwidth (28 bytes per element) when the plan is faster.");
   m.def(
       "simulate_graph",
       [](const std::string& graph_json, const std::string& profile,

@@ -269,6 +269,55 @@ def test_residency_planning_errors_name_the_problem(wider_step):
         spillway.trace.plan(wider_step, 0.5, min_bytes=64 << 10, strategy="exact")
 
 
+@pytest.fixture(scope="module")
+def fused_step():
+    """wider_step with AdamW(fused=True), one parameter group per parameter: one
+    optimizer op per parameter, each a candidate to run on the host."""
+    model, ids = tiny_llama(4, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
+    optimizer = torch.optim.AdamW([{"params": [p]} for p in model.parameters()], lr=1e-3,
+                                  fused=True)
+    _adamw_step(model, optimizer, ids)
+    with spillway.trace.record(model, optimizer) as recording:
+        _adamw_step(model, optimizer, ids)
+    return recording.trace, len(list(model.parameters()))
+
+
+def test_the_planner_runs_adamw_on_the_host_when_its_forecast_is_faster(fused_step, tmp_path):
+    trace, params = fused_step
+    fits = spillway.trace.plan(trace, 1.0, host_adamw_gbs=30)
+    assert fits["host_update_candidates"] == params
+    assert fits["host_updates"] == [] and fits["gaps"] == []  # a budget the step fits
+    chose = 0
+    for fraction in (0.5, 0.3):
+        device = spillway.trace.plan(trace, fraction, min_bytes=64 << 10)
+        either = spillway.trace.plan(trace, fraction, min_bytes=64 << 10, host_adamw_gbs=1e4)
+        assert device["host_updates"] == []
+        assert either["forecast"]["peak_bytes"] <= either["budget_bytes"]
+        assert either["forecast"]["step_ms"] <= device["forecast"]["step_ms"] + 1e-9, fraction
+        if either["host_updates"]:
+            chose += 1
+            update = either["host_updates"][0]
+            assert update["ops"] == ["_fused_adamw_"] and len(update["params"]) == 1
+            assert len(update["states"]) == 3  # both moments and the step count
+            # The moments never come to the device, and the gradients go down once.
+            moved = {g["storage"] for g in either["gaps"]}
+            assert not moved & {s for u in either["host_updates"] for s in u["states"]}
+            with pytest.raises(ValueError, match=r"replay does not run host updates yet"):
+                spillway.trace.replay(trace, either)
+    # A host that updates at 10 TB/s takes the optimizer ops' device time away for free.
+    assert chose, "the planner never ran AdamW on a near-instant host"
+    # The same from the command line.
+    path = tmp_path / "step.json.zst"
+    spillway.trace.save(trace, path)
+    cli = pathlib.Path(os.environ.get("SPILLWAY_CLI") or REPO / "build/release/src/cli/spillway")
+    run = subprocess.run([cli, "simulate", path, "--budget", "30%", "--min-bytes", "65536",
+                          "--host-adamw-gbs", "10000"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert f"optimizer on host:  {params} of {params} AdamW steps" in run.stdout, run.stdout
+    with pytest.raises(ValueError, match=r"host_adamw_gbs must be a number of GB/s > 0"):
+        spillway.trace.plan(trace, 0.5, host_adamw_gbs=0)
+
+
 def test_the_cli_plans_residency_for_a_saved_trace(wider_step, tmp_path):
     path = tmp_path / "step.json.zst"
     spillway.trace.save(wider_step, path)

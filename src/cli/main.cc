@@ -358,6 +358,7 @@ struct SimulateArgs {
   bool inductor_fusion = false;
   std::string budget;  // parse_budget's forms; empty: no residency plan
   std::int64_t min_bytes = 1 << 20;
+  double host_adamw_gbs = 0;  // > 0: AdamW steps may run on the host at this bandwidth
   bool json = false;
 };
 
@@ -365,7 +366,8 @@ struct SimulateArgs {
 // and print its forecast.
 int run_residency(const SimulateArgs& args, const Graph& graph, const DeviceProfile& profile) {
   const CostModel cost(profile);
-  const ResidencyModel model = residency_model(graph, cost);
+  ResidencyModel model = residency_model(graph, cost);
+  if (args.host_adamw_gbs != 0) add_host_update_candidates(graph, model, args.host_adamw_gbs);
   ResidencyOptions options;
   options.min_bytes = args.min_bytes;
   const std::int64_t own_peak = simulate_residency(model, {}, cost).peak_bytes;
@@ -544,6 +546,11 @@ int main_impl(int argc, char** argv) {
       "(12GiB, 800MiB, 4096 bytes, or 60% of the step's own peak); prints its forecast");
   simulate_command->add_option("--min-bytes", simulate_args.min_bytes,
                                "With --budget: smaller storages stay on the device (default 1048576)");
+  simulate_command->add_option(
+      "--host-adamw-gbs", simulate_args.host_adamw_gbs,
+      "With --budget: the trace's AdamW(fused=True) steps may run on the host CPUs instead "
+      "(spillway.optim.HostAdamW's update) at this many GB/s, counting 28 bytes per element "
+      "(bench/torch/host_adamw.py measures it); the planner takes that when it is faster");
   simulate_command->add_flag("--json", simulate_args.json,
                              "With --budget: print a JSON object instead of the text summary");
   add_sim_options(*simulate_command, simulate_args.sim);

@@ -26,13 +26,30 @@ json residency_forecast_json(const ResidencyModel& model, const ResidencyForecas
           {"peak_op", f.peak_op >= 0 ? model.op_names[f.peak_op] : std::string()},
           {"bytes_d2h", f.bytes_d2h},
           {"bytes_h2d", f.bytes_h2d},
-          {"host_bytes", f.host_bytes}};
+          {"host_bytes", f.host_bytes},
+          {"host_busy_ms", f.host_busy_ms}};
 }
 
 }  // namespace
 
-json residency_json(const ResidencyModel& model, const ResidencyResult& result, std::int64_t budget_bytes) {
+json residency_json(const ResidencyModel& original, const ResidencyResult& result, std::int64_t budget_bytes) {
+  // The gaps refer to the model the plan's host updates leave.
+  const ResidencyModel model = apply_host_updates(original, result.plan.host_updated);
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
+  json host_updates = json::array();
+  for (const std::int32_t k : result.plan.host_updated) {
+    const HostUpdate& u = original.host_updates[k];
+    auto ids = [&](const std::vector<std::int32_t>& storages) {
+      json out = json::array();
+      for (const std::int32_t s : storages) out.push_back(original.storages[s].id);
+      return out;
+    };
+    json ops = json::array();
+    for (const std::int32_t p : u.ops) ops.push_back(original.op_names[p]);
+    host_updates.push_back({{"params", ids(u.params)}, {"grads", ids(u.grads)}, {"states", ids(u.states)},
+                            {"ops", ops}, {"op_positions", u.ops}, {"elements", u.elements},
+                            {"host_ms", u.host_ms}});
+  }
   json gaps = json::array();
   for (const HostGap& gap : result.plan.gaps) {
     const ResidencyStorage& st = model.storages[gap.storage];
@@ -63,6 +80,8 @@ json residency_json(const ResidencyModel& model, const ResidencyResult& result, 
   }
   return {{"budget_bytes", budget_bytes},
           {"candidates", result.candidates},
+          {"host_update_candidates", original.host_updates.size()},
+          {"host_updates", host_updates},
           {"unplanned", residency_forecast_json(model, result.unplanned)},
           {"forecast", residency_forecast_json(model, result.forecast)},
           {"gaps", gaps},
@@ -87,6 +106,14 @@ std::string format_residency_text(const ResidencyModel& model, const ResidencyRe
   std::snprintf(line, sizeof line, "moved per step:     %s to the host, %s back; %s pinned; %.2f ms waiting\n",
                 residency_gib(f.bytes_d2h).c_str(), residency_gib(f.bytes_h2d).c_str(), residency_gib(f.host_bytes).c_str(), f.stall_ms);
   out << line;
+  if (!model.host_updates.empty()) {
+    std::int64_t elements = 0;
+    for (const std::int32_t k : result.plan.host_updated) elements += model.host_updates[k].elements;
+    std::snprintf(line, sizeof line, "optimizer on host:  %zu of %zu AdamW steps (%.3g M elements), host busy %.2f ms\n",
+                  result.plan.host_updated.size(), model.host_updates.size(), static_cast<double>(elements) / 1e6,
+                  f.host_busy_ms);
+    out << line;
+  }
   // Storages that move, largest first, with how many gaps each spends on the host.
   std::map<std::int32_t, int> gaps_of;
   for (const HostGap& gap : result.plan.gaps) ++gaps_of[gap.storage];

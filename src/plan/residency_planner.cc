@@ -18,20 +18,30 @@
 // that lowers the bytes above the budget (summed over positions) most is
 // made (of the 64 largest gaps around the peak). Before all this, a plan
 // with every candidate on the host is simulated: when even that does not
-// fit, the error says so at once. (With the link saturated, a subset frees
-// about as many bytes by any point as everything does, in another order, so
-// this refuses little that a search would find; on T1's joint graph offload
-// alone brings the peak from 32.9 to 31.1 GiB: the forward hides ~4.4 GiB
-// of copies, which is why the budget planner recomputes too.) When the
+// fit and some op alone uses more than the budget, the error says so at once
+// (everything on the host is not a lower bound: its copies queue behind one
+// another and come back early, so a subset can fit where everything does
+// not; a test has one). On T1's joint graph offload alone brings the peak
+// from 32.9 to 31.1 GiB: the forward hides ~4.4 GiB of copies, which is why
+// the budget planner recomputes too. When the
 // peak fits, drop chosen gaps, latest first, while the plan still fits and
 // is no slower (a peak covered by a later choice may not need an earlier
 // one). Exact: every subset of the candidates, the fastest that fits; the
 // test oracle for small traces.
+//
+// Host updates (the model's AdamW steps that may run on the host,
+// add_host_update_candidates): the gaps are planned twice, on the model as
+// it is and on the model with every host update applied (their moments off
+// the device for good, their gradients leaving once complete), and the
+// faster plan that fits is the answer (kFastest; kNone and kAll plan one).
+// All or nothing for now: a per-parameter choice would let a plan keep the
+// updates of parameters whose H2D cannot hide on the device.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,8 +135,10 @@ bool fits_budget(const ResidencyForecast& f, const ResidencyOptions& options) {
   return f.peak_bytes <= options.budget_bytes;
 }
 
-ResidencyPlan plan_with(const std::vector<GapCandidate>& all, const std::vector<bool>& chosen) {
+ResidencyPlan plan_with(const std::vector<GapCandidate>& all, const std::vector<bool>& chosen,
+                        const std::vector<std::int32_t>& host_updated) {
   ResidencyPlan plan;
+  plan.host_updated = host_updated;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (chosen[i]) plan.gaps.push_back(all[i].gap);
   }
@@ -149,8 +161,8 @@ std::string shown_bytes(std::int64_t bytes) {
 // one op longer, else doubled, in turn, kept when the plan still fits and gets
 // faster; rounds until nothing improves (at most 4, and 64 tries per gap in
 // all).
-void tune_leads(const ResidencyModel& model, const ResidencyOptions& options, const CostModel& cost,
-                ResidencyPlan& plan, ResidencyForecast& f) {
+void tune_leads(const ResidencyModel& original, const ResidencyModel& model, const ResidencyOptions& options,
+                const CostModel& cost, ResidencyPlan& plan, ResidencyForecast& f) {
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
   int budget = 64 * static_cast<int>(plan.gaps.size());
   for (int round = 0; round < 4 && f.stall_ms > 0 && budget > 0; ++round) {
@@ -166,7 +178,7 @@ void tune_leads(const ResidencyModel& model, const ResidencyOptions& options, co
       for (const std::int32_t lead : {was + 1, std::min(widest, 2 * was)}) {
         if (lead <= was || lead > widest) continue;
         gap.lead = lead;
-        const ResidencyForecast trial = simulate_residency(model, plan, cost);
+        const ResidencyForecast trial = simulate_residency(original, plan, cost);
         if (fits_budget(trial, options) && trial.step_ms < f.step_ms - 1e-9) {
           f = trial;
           improved = true;
@@ -181,22 +193,27 @@ void tune_leads(const ResidencyModel& model, const ResidencyOptions& options, co
 
 }  // namespace
 
-ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptions& options,
-                               const CostModel& cost) {
-  if (options.budget_bytes <= 0) {
-    throw InvalidArgument("residency", "budget must be > 0 bytes, got " +
-                          std::to_string(options.budget_bytes));
-  }
-  if (options.prefetch_slack < 1.0) {
-    throw InvalidArgument("residency", "prefetch_slack must be >= 1, got " +
-                          std::to_string(options.prefetch_slack));
-  }
+namespace {
+
+// The plan for one set of host updates: `original` with them run on the host,
+// its gaps chosen on the model they leave.
+ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std::vector<std::int32_t>& host,
+                                       const ResidencyOptions& options, const CostModel& cost) {
+  const ResidencyModel transformed = host.empty() ? ResidencyModel{} : apply_host_updates(original, host);
+  const ResidencyModel& model = host.empty() ? original : transformed;
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
+  auto simulate = [&](const ResidencyPlan& plan) { return simulate_residency(original, plan, cost); };
+  auto plan_with = [&](const std::vector<GapCandidate>& all, const std::vector<bool>& chosen) {
+    return spillway::plan_with(all, chosen, host);
+  };
   ResidencyResult result;
-  result.unplanned = simulate_residency(model, {}, cost);
+  ResidencyPlan bare;
+  bare.host_updated = host;
+  result.unplanned = simulate(bare);
   const std::vector<GapCandidate> all = gap_candidates(model, options, cost);
   result.candidates = static_cast<std::int32_t>(all.size());
   if (fits_budget(result.unplanned, options)) {
+    result.plan = bare;
     result.forecast = result.unplanned;
     return result;
   }
@@ -213,7 +230,7 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       std::vector<bool> chosen(all.size());
       for (std::size_t i = 0; i < all.size(); ++i) chosen[i] = (mask >> i) & 1u;
       const ResidencyPlan plan = plan_with(all, chosen);
-      const ResidencyForecast f = simulate_residency(model, plan, cost);
+      const ResidencyForecast f = simulate(plan);
       lowest = std::min(lowest, f.peak_bytes);
       if (!fits_budget(f, options)) continue;
       if (!found || f.step_ms < result.forecast.step_ms - 1e-12 ||
@@ -230,16 +247,26 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
     return result;
   }
 
-  // Everything that can leave the device at once: when even that does not fit, say so
-  // now rather than search.
-  {
-    const ResidencyForecast everything = simulate_residency(model, plan_with(all, std::vector<bool>(all.size(), true)), cost);
-    if (!fits_budget(everything, options)) {
-      throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
-                            ": with every candidate gap on the host the peak is still " +
-                            shown_bytes(everything.peak_bytes) + " at " + model.op_names[everything.peak_op] +
-                            " (" + std::to_string(all.size()) + " candidate gaps of storages of at least " +
-                            shown_bytes(options.min_bytes) + ")");
+  // Everything that can leave the device at once. When even that does not fit and
+  // some op alone needs more than the budget (what it uses, and its scratch, must be
+  // on the device while it runs), say so now rather than search. Everything on the
+  // host is not a lower bound (its copies queue behind one another and come back
+  // early), so otherwise the search goes on, and its failure names both.
+  const ResidencyForecast everything = simulate(plan_with(all, std::vector<bool>(all.size(), true)));
+  const std::string everything_text =
+      "with every candidate gap on the host the peak is still " + shown_bytes(everything.peak_bytes) + " at " +
+      model.op_names[everything.peak_op] + " (" + std::to_string(all.size()) +
+      " candidate gaps of storages of at least " + shown_bytes(options.min_bytes) + ")";
+  if (!fits_budget(everything, options)) {
+    std::vector<std::int64_t> needed(model.op_scratch.begin(), model.op_scratch.end());
+    for (const ResidencyStorage& st : model.storages) {
+      for (std::int32_t p : st.uses) needed[p] += st.bytes;
+    }
+    const auto most = std::max_element(needed.begin(), needed.end());
+    if (most != needed.end() && *most > options.budget_bytes) {
+      throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) + ": " +
+                            everything_text + ", and " + model.op_names[most - needed.begin()] + " alone uses " +
+                            shown_bytes(*most));
     }
   }
   std::vector<bool> chosen(all.size(), false);
@@ -273,7 +300,7 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       if (near.size() > 64) near.resize(64);
       for (std::size_t i : near) {
         chosen[i] = !chosen[i];
-        const ResidencyForecast trial = simulate_residency(model, plan_with(all, chosen), cost);
+        const ResidencyForecast trial = simulate(plan_with(all, chosen));
         chosen[i] = !chosen[i];
         const double e = bytes_above(trial, budget);
         if (e < best_excess || (best != all.size() && e == best_excess &&
@@ -285,11 +312,9 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       }
       if (best == all.size()) {
         throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
-                              ": the greedy planner reached a peak of " + shown_bytes(f.peak_bytes) +
-                              " at " + model.op_names[f.peak_op] +
-                              ", and no gap left lowers what is above the budget (" +
-                              std::to_string(all.size()) + " candidate gaps of storages of at least " +
-                              shown_bytes(options.min_bytes) + ")");
+                              ": " + everything_text + "; the greedy planner reached a peak of " +
+                              shown_bytes(f.peak_bytes) + " at " + model.op_names[f.peak_op] +
+                              ", and no gap left lowers what is above the budget");
       }
       chosen[best] = !chosen[best];
       if (chosen[best]) {
@@ -316,11 +341,11 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       bytes_above -= all[i].bytes;
       if (bytes_above <= 0) break;
     }
-    f = simulate_residency(model, plan_with(all, chosen), cost);
+    f = simulate(plan_with(all, chosen));
   }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     chosen[*it] = false;
-    const ResidencyForecast without = simulate_residency(model, plan_with(all, chosen), cost);
+    const ResidencyForecast without = simulate(plan_with(all, chosen));
     if (fits_budget(without, options) && without.step_ms <= f.step_ms + 1e-12) {
       f = without;
     } else {
@@ -328,9 +353,46 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
     }
   }
   result.plan = plan_with(all, chosen);
-  if (options.tune_leads) tune_leads(model, options, cost, result.plan, f);
+  if (options.tune_leads) tune_leads(original, model, options, cost, result.plan, f);
   result.forecast = f;
   return result;
+}
+
+}  // namespace
+
+ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptions& options,
+                               const CostModel& cost) {
+  if (options.budget_bytes <= 0) {
+    throw InvalidArgument("residency", "budget must be > 0 bytes, got " +
+                          std::to_string(options.budget_bytes));
+  }
+  if (options.prefetch_slack < 1.0) {
+    throw InvalidArgument("residency", "prefetch_slack must be >= 1, got " +
+                          std::to_string(options.prefetch_slack));
+  }
+  // A budget the step already fits changes nothing, host updates included.
+  const ResidencyForecast unplanned = simulate_residency(model, {}, cost);
+  std::vector<std::int32_t> every(model.host_updates.size());
+  for (std::size_t k = 0; k < every.size(); ++k) every[k] = static_cast<std::int32_t>(k);
+  std::vector<std::vector<std::int32_t>> choices;
+  using Mode = ResidencyOptions::HostUpdates;
+  if (options.host_updates != Mode::kAll || every.empty()) choices.push_back({});
+  if (options.host_updates != Mode::kNone && !every.empty() && !fits_budget(unplanned, options)) {
+    choices.push_back(every);
+  }
+  std::optional<ResidencyResult> best;
+  std::optional<InvalidArgument> refused;
+  for (const auto& host : choices) {
+    try {
+      ResidencyResult r = plan_with_host_updates(model, host, options, cost);
+      if (!best || r.forecast.step_ms < best->forecast.step_ms - 1e-9) best = std::move(r);
+    } catch (const InvalidArgument& e) {
+      refused = e;  // the last choice's (with host updates, the lower peak) is the one to report
+    }
+  }
+  if (!best) throw *refused;
+  best->unplanned = unplanned;
+  return *best;
 }
 
 }  // namespace spillway

@@ -209,6 +209,150 @@ TEST(ResidencyReplay, RefusesPlansThatDoNotFitTheModel) {
   EXPECT_EQ(error_of(m, {{{0, 0, 1}, {0, 0, 2}}}), "[residency] gap 1: the same gap twice");
 }
 
+// A step of ten 1 ms ops: a parameter P read at 1 (forward) and 5 (backward),
+// its gradient G made at 6, and an AdamW op at 8 that reads G and writes P and
+// its two moments M and V; an activation between 2 and 4.
+ResidencyModel adamw_step(double host_ms) {
+  ResidencyModel m = ops(10);
+  m.storages.push_back(storage("P", 4 * kMs, {1, 5, 8}, {false, false, true}, true));
+  m.storages.push_back(storage("G", 4 * kMs, {6, 8}));
+  m.storages.push_back(storage("M", 4 * kMs, {8}, {true}, true));
+  m.storages.push_back(storage("V", 4 * kMs, {8}, {true}, true));
+  m.storages.push_back(storage("A", kMs, {2, 4}));
+  HostUpdate u;
+  u.ops = {8};
+  u.params = {0};
+  u.grads = {1};
+  u.states = {2, 3};
+  u.elements = kMs;
+  u.host_ms = host_ms;
+  m.host_updates.push_back(u);
+  return m;
+}
+
+TEST(ResidencyHostUpdate, TheModelItLeavesHasNoOptimizerOpAndNoStateOnTheDevice) {
+  const ResidencyModel m = apply_host_updates(adamw_step(3), {0});
+  EXPECT_EQ(m.op_ms[8], 0);
+  EXPECT_EQ(m.storages[0].uses, (std::vector<std::int32_t>{1, 5}));  // P: no write left
+  EXPECT_EQ(m.storages[0].writes, (std::vector<bool>{false, false}));
+  EXPECT_EQ(m.storages[1].uses, (std::vector<std::int32_t>{6}));  // G: complete at 6
+  EXPECT_TRUE(m.storages[2].uses.empty());
+  EXPECT_THROW(apply_host_updates(m, {1}), InvalidArgument);
+  EXPECT_THROW(apply_host_updates(adamw_step(3), {0, 0}), InvalidArgument);
+}
+
+TEST(ResidencyHostUpdate, GradientDownUpdateOnTheHostParameterBackInPlace) {
+  const ResidencyModel m = adamw_step(3);
+  const ResidencyForecast device = simulate_residency(m, {}, link());
+  EXPECT_EQ(device.peak_bytes, 16 * kMs);  // P, M, V and G at 6 to 8
+  ResidencyPlan plan;
+  plan.host_updated = {0};
+  const ResidencyForecast host = simulate_residency(m, plan, link());
+  EXPECT_EQ(host.bytes_d2h, 4 * kMs);  // the gradient, once
+  EXPECT_EQ(host.bytes_h2d, 4 * kMs);  // the new parameter, once
+  EXPECT_DOUBLE_EQ(host.host_busy_ms, 3);
+  EXPECT_EQ(host.host_bytes, 16 * kMs);  // master, gradient buffer, moments
+  EXPECT_EQ(host.peak_bytes, 8 * kMs);   // P and G until G's copy lands
+  EXPECT_DOUBLE_EQ(host.compute_ms, 9);  // the optimizer op is gone from the device
+  // G's copy: 7 to 11; the update 11 to 14; P back 14 to 18: the next step
+  // (from 9: the optimizer op takes no time now) reads P at 10 and waits for it.
+  EXPECT_DOUBLE_EQ(host.stall_ms, 18 - 10);
+  EXPECT_DOUBLE_EQ(host.step_ms, 9 + 8);
+}
+
+TEST(ResidencyHostUpdate, AParameterSpendingTheWrapOnTheHostLeavesWithoutACopy) {
+  const ResidencyModel m = adamw_step(3);
+  ResidencyPlan plan;
+  plan.host_updated = {0};
+  plan.gaps.push_back({0, 1, 3});  // P after its use at 5, back 3 ops before its use at 1
+  const ResidencyForecast f = simulate_residency(m, plan, link());
+  EXPECT_EQ(f.bytes_d2h, 4 * kMs);  // only the gradient: the master is P's host copy
+  EXPECT_EQ(f.bytes_h2d, 4 * kMs);
+  EXPECT_EQ(f.live_bytes[2], 4 * kMs + kMs);  // P with A in forward
+  EXPECT_EQ(f.live_bytes[6], 4 * kMs);         // G alone: P has left
+  EXPECT_EQ(f.peak_bytes, 8 * kMs);  // P's buffer taken at 8, G's copy under way
+  // Issued at position 8 (10 + 1 - 3), but not before the update ends at 14.
+  EXPECT_DOUBLE_EQ(f.stall_ms, 18 - 10);
+}
+
+TEST(ResidencyHostUpdate, ThePlannerTakesWhicheverIsFasterAndNeverForAStepThatFits) {
+  auto planned = [](const ResidencyModel& m, std::int64_t budget, ResidencyOptions::HostUpdates mode) {
+    ResidencyOptions o;
+    o.min_bytes = 1;
+    o.budget_bytes = budget;
+    o.host_updates = mode;
+    return plan_residency(m, o, link());
+  };
+  using Mode = ResidencyOptions::HostUpdates;
+  // Below 16: copies alone cannot help (the moments come back before the op that
+  // makes G); the host update can.
+  const ResidencyModel tight = adamw_step(3);
+  EXPECT_THROW(planned(tight, 13 * kMs, Mode::kNone), InvalidArgument);
+  EXPECT_EQ(planned(tight, 13 * kMs, Mode::kFastest).plan.host_updated, (std::vector<std::int32_t>{0}));
+  // With ops of 10 ms and an activation B of 6 alive from 1 to 3, a budget of 16
+  // is reached either way (the moments spend forward on the host, or move there
+  // for good); the faster wins: the host update when the host is quick (it saves
+  // the device's optimizer op), the moments' gaps when it is slow (the next
+  // step waits for the update).
+  for (const double host_ms : {0.5, 40.0}) {
+    ResidencyModel m = adamw_step(host_ms);
+    m.op_ms.assign(10, 10.0);
+    m.storages.push_back(storage("B", 6 * kMs, {1, 3}));
+    const ResidencyResult none = planned(m, 16 * kMs, Mode::kNone);
+    const ResidencyResult all = planned(m, 16 * kMs, Mode::kAll);
+    const ResidencyResult best = planned(m, 16 * kMs, Mode::kFastest);
+    EXPECT_TRUE(none.plan.host_updated.empty());
+    EXPECT_EQ(all.plan.host_updated, (std::vector<std::int32_t>{0}));
+    EXPECT_DOUBLE_EQ(best.forecast.step_ms, std::min(none.forecast.step_ms, all.forecast.step_ms)) << host_ms;
+    EXPECT_LE(best.forecast.peak_bytes, 16 * kMs);
+    EXPECT_EQ(best.plan.host_updated.empty(), host_ms > 10) << host_ms;
+    EXPECT_EQ(best.unplanned.peak_bytes, 19 * kMs);  // P, M, V, B and A at 2
+    // A budget the step fits changes nothing.
+    const ResidencyResult fits = planned(m, 19 * kMs, Mode::kFastest);
+    EXPECT_TRUE(fits.plan.host_updated.empty());
+    EXPECT_TRUE(fits.plan.gaps.empty());
+  }
+}
+
+Arg amsgrad_off() {
+  Arg a;
+  a.kind = Arg::Kind::kBool;
+  a.b = false;
+  return a;
+}
+
+TEST(ResidencyHostUpdate, CandidatesAreTheOptimizerPhasesFusedAdamWOps) {
+  testing::GraphBuilder b("step");
+  auto w = b.param("w", b.tensor({1000, 250}, {}, 4, "float32"));  // 1e6 bytes
+  auto m = b.param("w.exp_avg", b.tensor({1000, 250}, {}, 4, "float32"));
+  auto v = b.param("w.exp_avg_sq", b.tensor({1000, 250}, {}, 4, "float32"));
+  auto step = b.param("w.step", b.tensor({}, {}, 4, "float32"));
+  auto x = b.input("x", b.tensor({1000, 250}, {}, 4, "float32"));
+  auto y = b.call("aten.mul.Tensor", {x, w}, b.tensor({1000, 250}, {}, 4, "float32"));
+  b.backward();
+  auto g = b.named("grad").call("aten.mul.Tensor", {y, x}, b.tensor({1000, 250}, {}, 4, "float32"));
+  b.optimizer();
+  b.op("aten._fused_adamw_.default",
+       testing::mutable_schema("aten", {"self", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps"},
+                               {"self", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"}, {"amsgrad"}));
+  b.call_value("aten._fused_adamw_.default",
+               {testing::list({w}), testing::list({g}), testing::list({m}), testing::list({v}), testing::list({}),
+                testing::list({step})},
+               Value::none(), {{"amsgrad", amsgrad_off()}});
+  b.output({});
+  const Graph graph = b.build();
+  ResidencyModel model = residency_model(graph, link());
+  EXPECT_EQ(add_host_update_candidates(graph, model, 28), 1);  // 28 GB/s: 1 ms per 1e6 elements
+  ASSERT_EQ(model.host_updates.size(), 1u);
+  const HostUpdate& u = model.host_updates[0];
+  EXPECT_EQ(u.elements, 250'000);
+  EXPECT_DOUBLE_EQ(u.host_ms, 0.25);
+  EXPECT_EQ(u.params.size(), 1u);
+  EXPECT_EQ(u.states.size(), 3u);  // both moments and the step count
+  EXPECT_EQ(model.storages[u.params[0]].name, "w");
+  EXPECT_THROW(add_host_update_candidates(graph, model, 0), InvalidArgument);
+}
+
 TEST(ResidencyPlanner, NothingMovesWhenTheStepFits) {
   ResidencyModel m = ops(6);
   m.storages.push_back(storage("w", 2 * kMs, {1}, {}, true));

@@ -32,6 +32,19 @@
 // for the whole of it (conservative). Placeholders' storages begin the first
 // step on the device with no host copy, unless their wrap gap is planned:
 // then they begin on the host, their copy valid.
+//
+// Host updates (the plan's host_updated): the model is first rewritten by
+// apply_host_updates (their ops cost nothing and use nothing, their states
+// never come to the device, their gradients end at their last write). Then,
+// after the position of a gradient's last write, a D2H takes it to the host
+// (it is freed when that lands, or after its last use if later); when an
+// update's last gradient has landed, the update runs on the host, one update
+// at a time, for its host_ms. Its parameters' host copies are the masters
+// the update writes, valid at all times, so they leave the device in any gap
+// without a write-back. A parameter that spends the wrap on the device gets
+// its new value by an H2D issued when the update ends; one that spends it on
+// the host is copied back when its copy is issued, but not before the update
+// ends (a copy issued before the update has even started waits for it).
 
 #include <algorithm>
 #include <array>
@@ -172,6 +185,122 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
   return model;
 }
 
+int add_host_update_candidates(const Graph& graph, ResidencyModel& model, double host_gbs) {
+  if (!(host_gbs > 0)) {
+    residency_bad("host bandwidth must be > 0 GB/s, got " + std::to_string(host_gbs));
+  }
+  std::unordered_map<std::int64_t, std::int32_t> index;
+  for (std::size_t s = 0; s < model.storages.size(); ++s) {
+    index.emplace(model.storages[s].id, static_cast<std::int32_t>(s));
+  }
+  std::unordered_map<NodeId, std::size_t> position;
+  for (std::size_t p = 0; p < graph.nodes.size(); ++p) position[graph.nodes[p].id] = p;
+  // The storage of each node a list argument names, or nothing when any is not one
+  // tensor with a known storage.
+  auto storages_of = [&](const Arg& list, std::vector<std::int32_t>& out,
+                         std::int64_t* elements, bool fp32) -> bool {
+    if (list.kind != Arg::Kind::kList) return false;
+    for (const Arg& a : list.list) {
+      if (a.kind != Arg::Kind::kNode) return false;
+      const Value& v = graph.nodes[position.at(a.node)].value;
+      if (!v.is_tensor() || !v.tensor.storage) return false;
+      const auto it = index.find(*v.tensor.storage);
+      if (it == index.end()) return false;
+      if (fp32 && v.tensor.dtype != "float32") return false;
+      if (elements != nullptr) {
+        const auto bytes = v.tensor.nbytes();
+        if (!bytes) return false;
+        *elements += *bytes / v.tensor.element_size;
+      }
+      out.push_back(it->second);
+    }
+    return true;
+  };
+  int added = 0;
+  for (std::size_t p = 0; p < graph.nodes.size(); ++p) {
+    const Node& node = graph.nodes[p];
+    if (node.phase != Phase::kOptimizer || node.target != "aten._fused_adamw_.default") continue;
+    bool amsgrad = false;
+    for (const auto& [key, arg] : node.kwargs) {
+      if (key == "amsgrad") amsgrad = arg.kind == Arg::Kind::kBool && arg.b;
+    }
+    if (amsgrad || node.args.size() < 6) continue;
+    HostUpdate u;
+    u.ops.push_back(static_cast<std::int32_t>(p));
+    bool ok = storages_of(node.args[0], u.params, &u.elements, true) &&
+              storages_of(node.args[1], u.grads, nullptr, true);
+    for (int k : {2, 3, 4, 5}) ok = ok && storages_of(node.args[k], u.states, nullptr, false);
+    if (!ok || u.params.empty() || u.params.size() != u.grads.size()) continue;
+    // Gradients kept across steps would not be consumed by the update; a parameter
+    // written by another op too would make the host master stale.
+    for (std::int32_t g : u.grads) ok = ok && !model.storages[g].across_steps;
+    for (std::int32_t s : u.params) {
+      const ResidencyStorage& st = model.storages[s];
+      for (std::size_t j = 0; j < st.uses.size(); ++j) ok = ok && (!st.writes[j] || st.uses[j] == u.ops.front());
+    }
+    if (!ok) continue;
+    u.host_ms = static_cast<double>(u.elements) * kHostAdamWBytesPerElement / (host_gbs * 1e6);
+    model.host_updates.push_back(std::move(u));
+    ++added;
+  }
+  return added;
+}
+
+ResidencyModel apply_host_updates(const ResidencyModel& model, const std::vector<std::int32_t>& chosen) {
+  ResidencyModel out = model;
+  std::set<std::int32_t> seen;
+  for (std::int32_t k : chosen) {
+    if (k < 0 || k >= static_cast<std::int32_t>(model.host_updates.size())) {
+      residency_bad("host update " + std::to_string(k) + " out of range (" +
+                    std::to_string(model.host_updates.size()) + " candidates)");
+    }
+    if (!seen.insert(k).second) residency_bad("host update " + std::to_string(k) + " chosen twice");
+    const HostUpdate& u = model.host_updates[k];
+    const std::set<std::int32_t> ops(u.ops.begin(), u.ops.end());
+    const std::int32_t first_op = *ops.begin();
+    for (std::int32_t p : ops) out.op_ms[p] = 0;
+    auto drop = [&](std::int32_t s, auto&& gone) {
+      ResidencyStorage& st = out.storages[s];
+      std::vector<std::int32_t> uses;
+      std::vector<bool> writes;
+      for (std::size_t j = 0; j < st.uses.size(); ++j) {
+        if (gone(st.uses[j])) continue;
+        uses.push_back(st.uses[j]);
+        writes.push_back(st.writes[j]);
+      }
+      st.uses = std::move(uses);
+      st.writes = std::move(writes);
+    };
+    for (std::int32_t s : u.params) drop(s, [&](std::int32_t p) { return ops.count(p) > 0; });
+    for (std::int32_t s : u.states) drop(s, [](std::int32_t) { return true; });
+    for (std::int32_t s : u.grads) {
+      // Complete at its last write before the update: what follows is the update's.
+      std::int32_t last_write = -1;
+      const ResidencyStorage& st = model.storages[s];
+      for (std::size_t j = 0; j < st.uses.size(); ++j) {
+        if (st.uses[j] < first_op && st.writes[j]) last_write = st.uses[j];
+      }
+      drop(s, [&](std::int32_t p) { return p > last_write && (p >= first_op || ops.count(p) > 0); });
+    }
+  }
+  // The other storages' uses of the replaced ops (an op's scalar step count, say).
+  std::set<std::int32_t> replaced;
+  for (std::int32_t k : chosen) replaced.insert(model.host_updates[k].ops.begin(), model.host_updates[k].ops.end());
+  if (!replaced.empty()) {
+    for (ResidencyStorage& st : out.storages) {
+      for (std::size_t j = 0; j < st.uses.size();) {
+        if (replaced.count(st.uses[j])) {
+          st.uses.erase(st.uses.begin() + static_cast<std::ptrdiff_t>(j));
+          st.writes.erase(st.writes.begin() + static_cast<std::ptrdiff_t>(j));
+        } else {
+          ++j;
+        }
+      }
+    }
+  }
+  return out;
+}
+
 namespace {
 
 struct ResidencyCopy {
@@ -195,10 +324,36 @@ struct CopyLane {
 class ResidencyReplay {
  public:
   ResidencyReplay(const ResidencyModel& model, const ResidencyPlan& plan, const CostModel& cost, bool record)
-      : model_(model), cost_(cost), n_(static_cast<std::int32_t>(model.op_ms.size())), record_(record) {
+      : owned_(plan.host_updated.empty() ? ResidencyModel{} : apply_host_updates(model, plan.host_updated)),
+        model_(plan.host_updated.empty() ? model : owned_),
+        cost_(cost),
+        n_(static_cast<std::int32_t>(model.op_ms.size())),
+        record_(record) {
     check(plan);
+    for (const std::int32_t k : plan.host_updated) {
+      const HostUpdate& u = model.host_updates[k];
+      const auto index = static_cast<std::int32_t>(updates_.size());
+      updates_.push_back(&u);
+      for (const std::int32_t g : u.grads) {
+        // Complete at its last write (apply_host_updates left no use after the update's).
+        const ResidencyStorage& st = model_.storages[g];
+        std::int32_t last_write = -1;
+        for (std::size_t j = 0; j < st.uses.size(); ++j) {
+          if (st.writes[j]) last_write = st.uses[j];
+        }
+        if (last_write < 0) residency_bad("host update " + std::to_string(k) + ": gradient " + st.name + " is never written");
+        grad_complete_after_[last_write].push_back({index, g});
+        update_grad_.insert(g);
+      }
+      for (const std::int32_t s : u.params) {
+        param_update_[s] = index;
+        const ResidencyStorage& st = model_.storages[s];
+        if (!st.uses.empty()) param_last_use_[st.uses.back()].push_back(s);
+      }
+      for (const std::int32_t s : u.states) host_only_.insert(s);
+    }
     for (const HostGap& gap : plan.gaps) {
-      const ResidencyStorage& st = model.storages[gap.storage];
+      const ResidencyStorage& st = model_.storages[gap.storage];
       const std::int32_t start = st.uses[gap.after];
       const bool wrap = gap.after + 1 == static_cast<std::int32_t>(st.uses.size());
       const std::int32_t next = wrap ? st.uses.front() + n_ : st.uses[gap.after + 1];
@@ -206,10 +361,13 @@ class ResidencyReplay {
       // The copy back is issued at next - lead: in the step before the next use's
       // when that is below n (a wrap gap's early copy).
       issues_at_[(next - gap.lead) % n_].push_back(gap.storage);
-      if (wrap) starts_on_host_.insert(gap.storage);
+      if (wrap) {
+        starts_on_host_.insert(gap.storage);
+        wrap_gap_.insert(gap.storage);
+      }
       moved_.insert(gap.storage);
       // Its host copy is written back right after the last write before the gap.
-      const std::int32_t written = write_back_position(model, gap);
+      const std::int32_t written = write_back_position(model_, gap);
       if (written >= 0) {
         writebacks_after_[written].insert(gap.storage);
       } else {
@@ -226,9 +384,12 @@ class ResidencyReplay {
     d2h_done_.assign(storages, -1.0);
     h2d_done_.assign(storages, 0.0);
     alive_.assign(storages, false);
+    awaiting_update_.assign(storages, false);
+    update_end_.assign(updates_.size(), 0.0);
+    deferred_.assign(updates_.size(), {});
     for (std::size_t s = 0; s < storages; ++s) {
       const ResidencyStorage& st = model_.storages[s];
-      if (!st.across_steps) continue;
+      if (!st.across_steps || host_only_.count(static_cast<std::int32_t>(s))) continue;
       alive_[s] = true;
       // A storage never written has its host copy from the start (made once).
       if (never_written_.count(static_cast<std::int32_t>(s))) host_valid_[s] = true;
@@ -248,9 +409,16 @@ class ResidencyReplay {
         step_start_ = now_;
         d2h_bytes_ = h2d_bytes_ = 0;
         stall_ = 0;
+        host_busy_ = 0;
         recording_ = record_;
       } else {
         recording_ = false;
+      }
+      reported_ = reported;
+      grads_left_.assign(updates_.size(), 0);
+      grads_landed_.assign(updates_.size(), 0.0);
+      for (std::size_t u = 0; u < updates_.size(); ++u) {
+        grads_left_[u] = static_cast<std::int32_t>(updates_[u]->grads.size());
       }
       for (std::int32_t p = 0; p < n_; ++p) position(p, reported, out);
       // A storage made in the step and kept goes when the next step makes it again.
@@ -265,11 +433,20 @@ class ResidencyReplay {
         out.stall_ms = stall_;
         out.bytes_d2h = d2h_bytes_;
         out.bytes_h2d = h2d_bytes_;
+        out.host_busy_ms = host_busy_;
       }
     }
     for (double ms : model_.op_ms) out.compute_ms += ms;
     out.intervals.insert(out.intervals.end(), intervals_.begin(), intervals_.end());
-    for (std::int32_t s : moved_) out.host_bytes += model_.storages[s].bytes;
+    // Pinned memory: the moved storages' copies, and for each host update its
+    // parameters' masters, its gradients' buffers and its states.
+    std::set<std::int32_t> on_host(moved_.begin(), moved_.end());
+    for (const HostUpdate* u : updates_) {
+      on_host.insert(u->params.begin(), u->params.end());
+      on_host.insert(u->grads.begin(), u->grads.end());
+      on_host.insert(u->states.begin(), u->states.end());
+    }
+    for (std::int32_t s : on_host) out.host_bytes += model_.storages[s].bytes;
     return out;
   }
 
@@ -369,9 +546,11 @@ class ResidencyReplay {
           continue;
         }
         if (on_device_[s]) continue;  // never left (the first step, before the gap's start)
-        allocate(s, kReloads);
-        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true, p);
-        h2d_bytes_ += model_.storages[s].bytes;
+        if (awaiting_update_[s]) {  // its new value is not made yet: copied once it is
+          deferred_[param_update_.at(static_cast<std::int32_t>(s))].push_back(s);
+          continue;
+        }
+        fetch(s, p);
       }
     }
     // (3) The op.
@@ -383,9 +562,7 @@ class ResidencyReplay {
           allocate(s, kTemporaries);
           continue;
         }
-        allocate(s, kReloads);
-        h2d_done_[s] = copy(h2d_, d2h_, std::max(now_, d2h_done_[s]), model_.storages[s].bytes, true, p);
-        h2d_bytes_ += model_.storages[s].bytes;
+        fetch(s, p);
       }
       if (pending_free_.erase(s) > 0) recategorise(s, own_category(s));
       begin = std::max(begin, h2d_done_[s]);
@@ -425,6 +602,14 @@ class ResidencyReplay {
         host_valid_[s] = true;
       }
     }
+    if (auto it = grad_complete_after_.find(p); it != grad_complete_after_.end()) {
+      for (const auto& [u, g] : it->second) grad_complete(u, g, p);
+    }
+    if (auto it = param_last_use_.find(p); it != param_last_use_.end()) {
+      for (const std::int32_t s : it->second) {
+        if (grads_left_[param_update_.at(s)] > 0) awaiting_update_[s] = true;
+      }
+    }
     if (auto it = leaves_after_.find(p); it != leaves_after_.end()) {
       for (std::int32_t s : it->second) {
         if (host_valid_[s] && d2h_done_[s] > now_) {
@@ -442,11 +627,53 @@ class ResidencyReplay {
       }
     }
     for (std::size_t s : last_uses_at(p)) {
-      release(s);
-      pending_free_.erase(s);
       alive_[s] = false;
       host_valid_[s] = false;
+      if (update_grad_.count(static_cast<std::int32_t>(s)) && d2h_done_[s] > now_) {
+        pending_free_.insert(s);  // a gradient on its way to the host update
+        recategorise(s, kInFlight);
+        continue;
+      }
+      release(s);
+      pending_free_.erase(s);
     }
+  }
+
+  // A storage brought back by an H2D issued at position p: after its D2H (if
+  // under way) and, for a parameter updated on the host, after its update.
+  void fetch(std::size_t s, std::int32_t p) {
+    double start = std::max(now_, d2h_done_[s]);
+    if (const auto it = param_update_.find(static_cast<std::int32_t>(s)); it != param_update_.end()) {
+      start = std::max(start, update_end_[it->second]);
+    }
+    allocate(s, kReloads);
+    h2d_done_[s] = copy(h2d_, d2h_, start, model_.storages[s].bytes, true, p);
+    h2d_bytes_ += model_.storages[s].bytes;
+  }
+
+  // Gradient g of host update u is complete after position p: it goes to the host;
+  // when the update's last one is there, the update runs on the host, then its
+  // parameters come back (in place, or when their copy back is issued).
+  void grad_complete(std::int32_t u, std::int32_t g, std::int32_t p) {
+    d2h_done_[g] = copy(d2h_, h2d_, now_, model_.storages[g].bytes, false, p);
+    d2h_bytes_ += model_.storages[g].bytes;
+    grads_landed_[u] = std::max(grads_landed_[u], d2h_done_[g]);
+    if (--grads_left_[u] > 0) return;
+    const double start = std::max(grads_landed_[u], host_free_);
+    update_end_[u] = start + updates_[u]->host_ms;
+    host_free_ = update_end_[u];
+    if (reported_) host_busy_ += updates_[u]->host_ms;
+    for (const std::int32_t s : updates_[u]->params) {
+      awaiting_update_[s] = false;
+      if (on_device_[s] && !wrap_gap_.count(s)) {  // stays: the new value is copied into it
+        h2d_done_[s] = copy(h2d_, d2h_, update_end_[u], model_.storages[s].bytes, true, p);
+        h2d_bytes_ += model_.storages[s].bytes;
+      }
+    }
+    for (const std::size_t s : deferred_[u]) {
+      if (!on_device_[s]) fetch(s, p);
+    }
+    deferred_[u].clear();
   }
 
   const std::vector<std::size_t>& uses_at(std::int32_t p) {
@@ -472,10 +699,24 @@ class ResidencyReplay {
     }
   }
 
+  const ResidencyModel owned_;  // the model with the plan's host updates applied (when any)
   const ResidencyModel& model_;
   const CostModel& cost_;
   const std::int32_t n_;
   const bool record_;
+  bool reported_ = false;
+  // Host updates (Note [Residency replay]).
+  std::vector<const HostUpdate*> updates_;
+  std::map<std::int32_t, std::vector<std::pair<std::int32_t, std::int32_t>>> grad_complete_after_;
+  std::map<std::int32_t, std::vector<std::int32_t>> param_last_use_;
+  std::map<std::int32_t, std::int32_t> param_update_;  // parameter storage -> update
+  std::set<std::int32_t> update_grad_, host_only_, wrap_gap_;
+  std::vector<bool> awaiting_update_;
+  std::vector<std::int32_t> grads_left_;
+  std::vector<double> grads_landed_, update_end_;
+  std::vector<std::vector<std::size_t>> deferred_;
+  double host_free_ = 0;
+  double host_busy_ = 0;
   bool recording_ = false;
   double step_start_ = 0;
   std::vector<int> category_;

@@ -103,6 +103,10 @@ class GraphBuilder {
     phase_ = Phase::kBackward;
     return *this;
   }
+  GraphBuilder& optimizer() {
+    phase_ = Phase::kOptimizer;
+    return *this;
+  }
   // Module stack, outermost first; {} for none.
   GraphBuilder& module(std::vector<std::string> stack) {
     stack_ = std::move(stack);

@@ -54,7 +54,8 @@ def load(path: str | os.PathLike) -> dict:
 
 
 def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
-         strategy: str = "greedy", live_bytes: bool = False) -> dict:
+         strategy: str = "greedy", live_bytes: bool = False,
+         host_adamw_gbs: float | None = None) -> dict:
     """The residency plan of a recorded step (include/spillway/residency.h): which
     storages spend which gaps between their uses in pinned host memory, the fastest
     plan whose simulated peak fits `budget`, and its forecast against the step with
@@ -65,6 +66,13 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     device-profile.md); default the shipped H200's. strategy: "greedy", or "exact"
     (every subset of the candidate gaps; small traces only). Raises ValueError naming
     the problem when no plan fits.
+
+    host_adamw_gbs: the step's AdamW(fused=True) ops may instead run on the host CPUs
+    (spillway.optim.HostAdamW's update: gradients down once complete, parameters back,
+    the moments on the host for good) at this bandwidth in GB/s, counting 28 bytes per
+    element (bench/torch/host_adamw.py measures it); the plan takes that when its
+    forecast is faster ("host_updates" lists what it chose). A forecast only for now:
+    replay() does not run host updates yet and refuses such a plan.
     """
     import json
 
@@ -81,9 +89,15 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
         if budget <= 0:
             raise ValueError(f"[trace] budget must be > 0 bytes, got {budget}")
         budget = str(budget)
+    if host_adamw_gbs is not None and (isinstance(host_adamw_gbs, bool) or
+                                       not isinstance(host_adamw_gbs, (int, float)) or
+                                       not host_adamw_gbs > 0):
+        raise ValueError(f"[trace] host_adamw_gbs must be a number of GB/s > 0, got "
+                         f"{host_adamw_gbs!r}")
     return json.loads(_C.plan_residency(
         json.dumps(graph), budget, device_profile_json=device_profile_json(device_profile, "trace"),
-        min_bytes=min_bytes, strategy=strategy, live_bytes=live_bytes))
+        min_bytes=min_bytes, strategy=strategy, live_bytes=live_bytes,
+        host_adamw_gbs=float(host_adamw_gbs or 0)))
 
 
 def replay(trace, plan_or_budget, *, max_misses: int = 3, min_bytes: int = 1 << 20,

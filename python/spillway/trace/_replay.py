@@ -146,6 +146,11 @@ class Replay(TorchDispatchMode):
         writes = [[] for _ in range(n_ops)]
         old = self._moved
         self._moved = {}
+        if plan.get("host_updates"):
+            raise ValueError(
+                f"[trace] this plan runs {len(plan['host_updates'])} AdamW steps on the host "
+                f"(plan(..., host_adamw_gbs=...)): replay does not run host updates yet; plan "
+                f"without host_adamw_gbs to replay, or use spillway.optim.HostAdamW directly")
         for sid_text, info in plan.get("storages", {}).items():
             sid = int(sid_text)
             moved = old.get(sid) if old.get(sid) is not None and old[sid].nbytes == info["bytes"] \
