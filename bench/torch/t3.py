@@ -13,12 +13,16 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
     none                  everything on the GPU: the reference (runs first; its peak X,
                           losses and the checksums of every parameter and AdamW state
                           after each step go to --work)
-    spillway:budget=F     step 1 plain (AdamW makes its state), step 2 recorded
+    spillway:budget=F[:host]
+                          step 1 plain (AdamW makes its state), step 2 recorded
                           (spillway.trace.record), planned for F * X (spillway.trace.plan),
                           steps 3.. replayed (spillway.trace.replay). AdamW has one
                           parameter group per parameter, so its fused step is one op per
                           parameter the plan can move around (the same arithmetic per
-                          element as one group: bitwise equal, checked against none)
+                          element as one group: bitwise equal, checked against none);
+                          :host lets the plan run AdamW on the host CPUs (their speed
+                          measured first, spillway.optim.measure_host_adamw_gbs) when
+                          its forecast is faster (Note [Host updates in replay])
     spillway-hostadam     spillway.optim.HostAdamW(step_in_backward=True, free_grads=True):
                           the AdamW state on the host, each parameter updated on the CPU
                           as soon as its gradient is complete, during backward, in the
@@ -162,8 +166,15 @@ def run_one(method: str, args) -> dict:
             import spillway.trace
             with spillway.trace.record(model, optimizer) as recording:
                 loss, ms = timed(lambda: step(ids))
-            budget = float(option.removeprefix("budget=")) * args.reference_peak
-            plan = spillway.trace.plan(recording.trace, int(budget), min_bytes=args.min_bytes)
+            fraction, _, host = option.removeprefix("budget=").partition(":")
+            budget = float(fraction) * args.reference_peak
+            gbs = None
+            if host == "host":  # AdamW may run on the host: at the speed measured here
+                from spillway.optim import measure_host_adamw_gbs
+                gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs()
+            plan = spillway.trace.plan(recording.trace, int(budget), min_bytes=args.min_bytes,
+                                       host_adamw_gbs=gbs)
+            result["host_updates"] = len(plan["host_updates"])
             replay = spillway.trace.replay(recording.trace, plan)
             replay.__enter__()
         elif replay is not None:
@@ -258,6 +269,9 @@ def _report(results, args) -> None:
             continue
         f = r.get("forecast")
         forecast = (f"{f['step_ms']:.1f} ms / {f['peak_bytes'] / GIB:.2f} GiB" if f else "")
+        if r.get("host_updates"):
+            forecast += (f" (AdamW on the host: {r['host_updates']} ops, "
+                         f"{r['host_adamw_gbs']:.0f} GB/s)")
         rows.append(f"| {r['method']} | {r['step_ms']:.1f} | {r.get('vs_none', 1.0):.2f} | "
                     f"{r.get('peak_bytes', 0) / GIB:.2f} | {forecast} | "
                     f"{r['rss_bytes'] / GIB:.2f} | "

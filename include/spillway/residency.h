@@ -48,7 +48,7 @@ struct HostUpdate {
   std::vector<std::int32_t> ops;     // positions of the device optimizer ops it replaces
   std::vector<std::int32_t> params;  // storages (indices) they update
   std::vector<std::int32_t> grads;   // the parameters' gradients, made in the step
-  std::vector<std::int32_t> states;  // storages that move to the host for good
+  std::vector<std::int32_t> states;  // storages that move to the host for good (the moments)
   std::int64_t elements = 0;         // parameter elements updated
   double host_ms = 0;                // the update's time on the host CPUs
   friend bool operator==(const HostUpdate&, const HostUpdate&) = default;

@@ -17,7 +17,8 @@ namespace spillway::cli {
 // host_bytes, host_busy_ms), "host_update_candidates" (how many the model
 // offered) and "host_updates": per optimizer step the plan runs on the host,
 // the graph's storage ids of its params, grads and states, its ops (names and
-// op_positions), elements and host_ms; and "gaps" (of the model the host
+// op_positions), grad_complete_pos (the position after which each gradient is
+// complete), elements and host_ms; and "gaps" (of the model the host
 // updates leave): one object per planned gap (storage (the graph's
 // id), name, bytes, leaves_after, back_before, issued_at (op names), wrap, and
 // the same as node positions: after_pos, back_pos, issue_pos, write_back_pos

@@ -229,7 +229,9 @@ int add_host_update_candidates(const Graph& graph, ResidencyModel& model, double
     u.ops.push_back(static_cast<std::int32_t>(p));
     bool ok = storages_of(node.args[0], u.params, &u.elements, true) &&
               storages_of(node.args[1], u.grads, nullptr, true);
-    for (int k : {2, 3, 4, 5}) ok = ok && storages_of(node.args[k], u.states, nullptr, false);
+    // The moments (and AMSGrad's maxima, none here); the step counts stay: the optimizer
+    // increments them on the device in an op of its own, and they are 4 bytes.
+    for (int k : {2, 3, 4}) ok = ok && storages_of(node.args[k], u.states, nullptr, false);
     if (!ok || u.params.empty() || u.params.size() != u.grads.size()) continue;
     // Gradients kept across steps would not be consumed by the update; a parameter
     // written by another op too would make the host master stale.

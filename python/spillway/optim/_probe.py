@@ -124,3 +124,28 @@ def probe_adamw(device, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e
                                          float(betas[0]), float(betas[1]), float(eps),
                                          float(weight_decay), bool(maximize))
     return {"arithmetic": arithmetic, "mismatch": dict(mismatch)}
+
+
+def measure_host_adamw_gbs(arithmetic: str = ARITHMETICS[0], *, elements: int = 1 << 24,
+                           threads: int | None = None, repeat: int = 3) -> float:
+    """The host update's bandwidth on this machine in GB/s (28 bytes per element, the
+    best of `repeat` updates of `elements` fp32 values after a warm-up): what
+    spillway.trace.plan(host_adamw_gbs=...) needs. About a second for the default."""
+    import os
+    import time
+
+    from spillway import ops  # loads spillway._C, which registers the op
+    del ops
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    p, g = torch.randn(elements), torch.randn(elements)
+    m, v = torch.zeros(elements), torch.zeros(elements)
+    best = float("inf")
+    for k in range(repeat + 1):
+        began = time.perf_counter()
+        torch.ops.spillway.adamw_update_(p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 1e-2, False,
+                                         0.9, 0.999, arithmetic_code(arithmetic), threads)
+        if k:
+            best = min(best, time.perf_counter() - began)
+    return 28 * elements / best / 1e9

@@ -101,7 +101,7 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
 
 
 def replay(trace, plan_or_budget, *, max_misses: int = 3, min_bytes: int = 1 << 20,
-           device_profile=None):
+           device_profile=None, host_adamw_gbs: float | None = None):
     """The executor of a residency plan (Note [Replay] in _replay.py):
 
         with spillway.trace.replay(trace, 0.5) as r:   # or a plan from plan()
@@ -113,13 +113,15 @@ def replay(trace, plan_or_budget, *, max_misses: int = 3, min_bytes: int = 1 << 
     Inside `with`, every op first brings back any storage it touches that is away, so
     tensors stay valid between steps too; leaving it brings everything back. A budget
     (bytes, fraction or text, as plan() takes) also lets a step that diverged
-    max_misses times in a row be recorded and planned again."""
+    max_misses times in a row be recorded and planned again (host_adamw_gbs as plan()
+    takes it, for the plans it makes)."""
     from spillway.trace._replay import Replay
     budget = None
     if isinstance(plan_or_budget, dict) and "gaps" in plan_or_budget:
         plan_dict = plan_or_budget
     else:
         budget = plan_or_budget
-        plan_dict = plan(trace, budget, min_bytes=min_bytes, device_profile=device_profile)
+        plan_dict = plan(trace, budget, min_bytes=min_bytes, device_profile=device_profile,
+                         host_adamw_gbs=host_adamw_gbs)
     return Replay(trace, plan_dict, budget=budget, max_misses=max_misses, min_bytes=min_bytes,
-                  device_profile=device_profile)
+                  device_profile=device_profile, host_adamw_gbs=host_adamw_gbs)

@@ -41,6 +41,33 @@ anew for the same budget.
 On a CPU "device" (tests, the fake backend's stand-in) copies are
 synchronous and host buffers are plain CPU tensors: the storage really is
 freed and restored, so exactness is tested for real.
+
+Note [Host updates in replay]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A plan may run AdamW steps on the host (plan(..., host_adamw_gbs=...); the
+simulator's side is Note [Residency replay]). Per update, in the step:
+after the op where a parameter's gradient is complete, the gradient is
+written back and leaves the device (its host buffer is the update's input).
+At the AdamW op itself (aten._fused_adamw_), nothing runs on the device:
+for each parameter the moments leave the device if they are on it (they
+live on the host from then on), the parameter's host copy becomes its
+master (taken from the device when it is not valid, as on the first step),
+and a worker thread waits for those copies' events and runs the update on
+the host buffers: with the device's own fused kernel when the device is the
+CPU (the unplanned step ran that very kernel), else with the host form that
+spillway.optim probed to equal the GPU's AdamW(fused=True) (a plan no form
+matches is refused when the replay is made). The hyperparameters are the
+op's own arguments of that step (a scheduler's lr is followed); the step
+count is read from the device once and counted after. Until its update is
+applied a parameter counts as away: an op that touches it waits for the
+update; one on the device then gets the new value by an H2D into its own
+memory (issued as soon as the update is seen done, at any op), one spending
+the wrap on the host is copied back from the master when its copy is
+issued. Every update is applied before step() returns. A divergence waits
+for the updates and brings everything back (the moments too); the next
+step takes the moments and masters from the device again and reads the
+step counts anew. An AdamW op with AMSGrad, a gradient scaler or a tensor
+lr runs on the device as recorded.
 """
 from __future__ import annotations
 
@@ -87,7 +114,8 @@ def _key(tensor: torch.Tensor):
 class _Moved:
     """One storage the plan moves: its host buffer, where it is, its copies."""
 
-    __slots__ = ("sid", "nbytes", "name", "ref", "host", "host_valid", "state", "d2h", "h2d")
+    __slots__ = ("sid", "nbytes", "name", "ref", "host", "host_valid", "state", "d2h", "h2d",
+                 "update", "step")
 
     def __init__(self, sid: int, nbytes: int, name: str):
         self.sid, self.nbytes, self.name = sid, nbytes, name
@@ -97,15 +125,18 @@ class _Moved:
         self.state = "device"    # device, leaving (write-back under way), host, coming
         self.d2h = None          # the write-back's event (CUDA), None when done
         self.h2d = None          # the copy back's event (CUDA)
+        self.update = None       # a parameter's host update under way (threading.Event)
+        self.step = None         # a parameter's AdamW step count, as the host update counts
 
 
 class Replay(TorchDispatchMode):
     """Steps under a residency plan (Note [Replay]); made by spillway.trace.replay()."""
 
     def __init__(self, trace, plan: dict, *, budget=None, max_misses: int = 3,
-                 min_bytes: int = 1 << 20, device_profile=None):
+                 min_bytes: int = 1 << 20, device_profile=None, host_adamw_gbs=None):
         super().__init__()
         self._budget, self._min_bytes, self._profile = budget, min_bytes, device_profile
+        self._host_adamw_gbs = host_adamw_gbs
         self.max_misses = max_misses
         self._lock = threading.RLock()
         self._stats = {"steps": 0, "misses": 0, "on_demand": 0, "left": 0, "write_backs": 0,
@@ -119,6 +150,9 @@ class Replay(TorchDispatchMode):
         self._virtual: list = []  # (following, k) of opaque regions under way
         self._by_key: dict[int, _Moved] = {}  # storage key -> the moved storage it is
         self._names: dict = {}  # OpOverload -> its name, as the trace spells it
+        self._updating: set = set()  # parameters whose host update is under way or unapplied
+        self._jobs = None  # the host updates' worker: a queue, made at the first
+        self._worker_error: BaseException | None = None
         self._load(trace, plan)
 
     # ---- the plan as per-op actions ----
@@ -146,11 +180,6 @@ class Replay(TorchDispatchMode):
         writes = [[] for _ in range(n_ops)]
         old = self._moved
         self._moved = {}
-        if plan.get("host_updates"):
-            raise ValueError(
-                f"[trace] this plan runs {len(plan['host_updates'])} AdamW steps on the host "
-                f"(plan(..., host_adamw_gbs=...)): replay does not run host updates yet; plan "
-                f"without host_adamw_gbs to replay, or use spillway.optim.HostAdamW directly")
         for sid_text, info in plan.get("storages", {}).items():
             sid = int(sid_text)
             moved = old.get(sid) if old.get(sid) is not None and old[sid].nbytes == info["bytes"] \
@@ -164,6 +193,20 @@ class Replay(TorchDispatchMode):
             after_leave[op_at[gap["after_pos"]]].append(sid)
             if gap["write_back_pos"] >= 0:
                 after_write_back[op_at[gap["write_back_pos"]]].append(sid)
+        # Host updates (Note [Host updates in replay]): the op each replaces, where each
+        # gradient is complete, and the storages each keeps on the host.
+        self._host_ops: dict[int, dict] = {}
+        self._grad_done = [[] for _ in range(n_ops)]
+        for u in plan.get("host_updates", []):
+            self._host_ops[op_at[u["op_positions"][0]]] = u
+            for sid, pos in zip(u["grads"], u["grad_complete_pos"]):
+                self._grad_done[op_at[pos]].append(sid)
+            for sid in (*u["params"], *u["grads"], *u["states"]):
+                if sid not in self._moved:
+                    kept = old.get(sid)
+                    self._moved[sid] = kept if kept is not None else _Moved(sid, 0, f"storage {sid}")
+        if self._host_ops:
+            self._host_form = _host_form(trace, plan)
         self._before, self._write_back, self._leave, self._writes = (
             before, after_write_back, after_leave, writes)
         self._n_ops = n_ops
@@ -227,6 +270,8 @@ class Replay(TorchDispatchMode):
         try:
             yield self
         finally:
+            with self._lock, torch.utils._python_dispatch._disable_current_modes():
+                self._finish_updates()  # every parameter's new value is on its way
             with self._lock:
                 self._in_step = False
                 if self._following and self._k != self._n_ops:
@@ -255,7 +300,7 @@ class Replay(TorchDispatchMode):
         self._stats["recorded"] += 1
         self._stats["steps"] += 1
         new_plan = make_plan(recording.trace, self._budget, min_bytes=self._min_bytes,
-                             device_profile=self._profile)
+                             device_profile=self._profile, host_adamw_gbs=self._host_adamw_gbs)
         with self._lock:
             self._load(recording.trace, new_plan)
 
@@ -301,6 +346,9 @@ class Replay(TorchDispatchMode):
             from spillway import ops
             m.host = ops.wait_tensor(ops.offload(source, exact=True), keepalive=source)
             m.d2h = None
+            if storage.device.type == "cuda":  # for a host reader (the host update)
+                m.d2h = torch.cuda.Event()
+                m.d2h.record(torch.cuda.current_stream(storage.device))
         elif streams is None:
             m.host.copy_(source)
             m.d2h = None
@@ -336,6 +384,9 @@ class Replay(TorchDispatchMode):
             self._stats["left"] += 1
 
     def _poll(self) -> None:
+        if self._updating:
+            for m in [m for m in self._updating if m.update.is_set()]:
+                self._finish_update(m)
         if not self._off:
             return
         for m in list(self._off.values()):
@@ -344,10 +395,14 @@ class Replay(TorchDispatchMode):
                 if storage is not None:
                     self._poll_one(m, storage)
 
-    def _issue(self, m: _Moved) -> None:
+    def _issue(self, m: _Moved, resize: bool = True) -> None:
         storage = self._storage(m)
         if storage is None:
             return
+        if m.update is not None:  # the master is being updated: copy it back once it is
+            self._finish_update(m)
+            if m.state != "host":
+                return
         if m.state == "leaving":  # its write-back has not landed: keep the memory
             m.state = "device"
             self._off.pop(storage._cdata, None)
@@ -357,7 +412,8 @@ class Replay(TorchDispatchMode):
             return
         if m.state != "host":
             return
-        storage.resize_(m.nbytes)
+        if resize:
+            storage.resize_(m.nbytes)
         target = self._bytes_of(storage)
         streams = self._copy_streams(storage.device)
         if streams is None:
@@ -376,6 +432,8 @@ class Replay(TorchDispatchMode):
 
     def _ensure(self, m: _Moved, storage, planned: bool) -> None:
         """The storage is on the device, and the compute stream has waited for it."""
+        if m.update is not None:
+            self._finish_update(m)
         if m.state in ("host", "leaving"):
             if not planned:
                 self._stats["on_demand"] += 1
@@ -390,6 +448,7 @@ class Replay(TorchDispatchMode):
     def _bring_all_back(self) -> None:
         # Our own copies must not pass through this mode when called from outside it.
         with torch.utils._python_dispatch._disable_current_modes():
+            self._finish_updates()
             for m in list(self._off.values()):
                 storage = self._storage(m)
                 if storage is not None:
@@ -400,11 +459,120 @@ class Replay(TorchDispatchMode):
         self._following = False
         self._primed = False
         # From here on writes are not followed: no host copy can be trusted.
+        self._finish_updates()
         for m in self._moved.values():
             m.host_valid = False
+            m.step = None
         self._stats["misses"] += 1
         self.last_miss = why
         self._bring_all_back()
+
+    # ---- host updates (Note [Host updates in replay]) ----
+
+    def _host_update(self, u: dict, args, kwargs) -> bool:
+        """Op k's AdamW runs on the host instead; False when it cannot (AMSGrad, a
+        gradient scaler, a tensor lr, a parameter list unlike the plan's): the op then
+        runs on the device as recorded."""
+        params, grads, exp_avgs, exp_avg_sqs, _, steps = args[:6]
+        lr = kwargs.get("lr")
+        if (kwargs.get("amsgrad") or kwargs.get("grad_scale") is not None or
+                kwargs.get("found_inf") is not None or isinstance(lr, torch.Tensor) or
+                len(params) != len(u["params"])):
+            return False
+        hyper = (float(lr), float(kwargs["beta1"]), float(kwargs["beta2"]),
+                 float(kwargs["weight_decay"]), float(kwargs["eps"]), bool(kwargs.get("maximize")))
+        with torch.utils._python_dispatch._disable_current_modes():
+            moved = []
+            for tensors in (params, grads, exp_avgs, exp_avg_sqs):
+                entries = []
+                for t in tensors:
+                    key, storage = _key(t)
+                    m = self._by_key.get(key)
+                    if m is None or m.ref is None or m.ref() is not storage:
+                        return False
+                    entries.append(m)
+                moved.append(entries)
+            if any(g.host is None or not g.host_valid for g in moved[1]):
+                return False  # a gradient did not reach the host: run on the device
+            for i, (p, g, m1, m2) in enumerate(zip(*moved)):
+                for state in (m1, m2):  # the moments live on the host from now on
+                    self._ensure_on_host(state)
+                if not p.host_valid:  # the master is taken again from the device
+                    self._write_back_now(p, self._storage(p))
+                p.step = float(steps[i].item()) if p.step is None else p.step + 1
+                events = [e for e in (g.d2h, p.d2h, m1.d2h, m2.d2h) if e is not None]
+                p.update = threading.Event()
+                self._updating.add(p)
+                key, _ = _key(params[i])
+                self._off[key] = p  # its device copy is stale until the update is applied
+                self._submit(p, g, m1, m2, hyper, events)
+        self._stats["host_updates"] = self._stats.get("host_updates", 0) + len(params)
+        return True
+
+    def _ensure_on_host(self, m: _Moved) -> None:
+        storage = self._storage(m)
+        if storage is None or m.state != "device":
+            return
+        if not m.host_valid:
+            self._write_back_now(m, storage)
+        self._leave_now(m)
+
+    def _submit(self, p: _Moved, g: _Moved, m1: _Moved, m2: _Moved, hyper, events) -> None:
+        import queue
+        if self._jobs is None:
+            self._jobs = queue.Queue()
+            threading.Thread(target=self._work, name="spillway-replay-host-adamw",
+                             daemon=True).start()
+        device = self._storage(p).device
+        self._jobs.put((p, g, m1, m2, hyper, events, p.step, device))
+
+    def _work(self) -> None:
+        while True:
+            p, g, m1, m2, hyper, events, step, device = self._jobs.get()
+            try:
+                for event in events:
+                    event.synchronize()
+                if self._worker_error is None:
+                    _host_adamw(self._host_form, p.host, g.host, m1.host, m2.host, hyper, step,
+                                device, self._side_stream(device))
+            except BaseException as e:  # reported by the main thread
+                self._worker_error = e
+            finally:
+                p.update.set()
+
+    def _side_stream(self, device):
+        if device.type != "cuda":
+            return None
+        if getattr(self, "_pow_stream", None) is None:
+            self._pow_stream = torch.cuda.Stream(device)
+        return self._pow_stream
+
+    def _finish_update(self, m: _Moved) -> None:
+        """Waits for the parameter's host update; a parameter on the device gets the new
+        value by an H2D (waited for at its next use), one away keeps it in its host copy."""
+        m.update.wait()
+        m.update = None
+        self._updating.discard(m)
+        if self._worker_error is not None:
+            error, self._worker_error = self._worker_error, None
+            raise RuntimeError(f"[replay] a host AdamW update failed: {error}") from error
+        storage = self._storage(m)
+        if storage is None:
+            return
+        if m.state == "leaving":
+            if m.d2h is not None:
+                m.d2h.synchronize()
+                m.d2h = None
+            storage.resize_(0)
+            m.state = "host"
+            self._stats["left"] += 1
+        if m.state == "device":
+            m.state = "host"  # its memory holds the old value: copy the new one in
+            self._issue(m, resize=False)
+
+    def _finish_updates(self) -> None:
+        for m in list(self._updating):
+            self._finish_update(m)
 
     # ---- numbering, as the recorder numbers ----
 
@@ -425,16 +593,24 @@ class Replay(TorchDispatchMode):
             self._refs.append(weakref.ref(storage, freed))
             m = self._moved.get(sid)
             if m is not None:
-                if m.ref is not None and m.ref() is not None and m.ref() is not storage:
-                    if m.state != "device":  # the trace's storage is still away: bring it
-                        self._ensure(m, m.ref(), planned=True)
+                old = m.ref() if m.ref is not None else None
+                if old is not None and old is not storage and m.state != "device":
+                    self._ensure(m, old, planned=True)  # the trace's storage is still away
+                if old is not storage and m.state != "device":
+                    # The last step's storage died away (a gradient its host update took):
+                    # this one starts on the device, with no host copy of its own yet.
+                    for stale in [k for k, v in self._off.items() if v is m]:
+                        del self._off[stale]
+                    m.state, m.host_valid, m.d2h, m.h2d = "device", False, None, None
                 m.ref = weakref.ref(storage)
                 self._by_key[key] = m
         return sid
 
-    def _before_op(self, target: str, inputs: list) -> tuple[bool, int]:
+    def _before_op(self, target: str, inputs: list, bring: bool = True) -> tuple[bool, int]:
         """What happens before op k: the divergence check on its target, the numbering
-        of its inputs, the copies back due, and every input storage that is away back."""
+        of its inputs, the copies back due, and every input storage that is away back
+        (unless `bring` is False: an op run on the host instead, which reads the host
+        copies)."""
         self._poll()
         in_step = getattr(self, "_in_step", False)
         following = in_step and self._following
@@ -451,7 +627,8 @@ class Replay(TorchDispatchMode):
                 m = self._moved.get(sid)
                 if m is not None:
                     self._issue(m)
-        self._bring_inputs(inputs, following, k)
+        if bring or not (following and k in self._host_ops):
+            self._bring_inputs(inputs, following, k)
         return following, k
 
     def _bring_inputs(self, inputs: list, following: bool, k: int) -> None:
@@ -494,6 +671,12 @@ class Replay(TorchDispatchMode):
                     self._write_back_now(m, storage)
             for sid in self._leave[k]:
                 self._leave_now(self._moved[sid])
+            for sid in self._grad_done[k]:  # complete: to the host, for the host update
+                m = self._moved[sid]
+                storage = self._storage(m)
+                if storage is not None and m.state == "device":
+                    self._write_back_now(m, storage)
+                    self._leave_now(m)
         self._k += 1
 
     # ---- opaque regions (spillway.trace.opaque): one virtual op each way ----
@@ -527,7 +710,13 @@ class Replay(TorchDispatchMode):
                 self._poll()
                 self._bring_inputs(inputs, False, -1)
                 return func(*args, **kwargs)
-            following, k = self._before_op(name, inputs)
+            host_op = self._host_ops.get(self._k) if getattr(self, "_in_step", False) else None
+            following, k = self._before_op(name, inputs, bring=host_op is None)
+            if host_op is not None and following:
+                if self._host_update(host_op, args, kwargs):
+                    self._after_op(name, [], following, k)
+                    return None
+                self._bring_inputs(inputs, following, k)  # it runs on the device after all
         out = func(*args, **kwargs)
         with self._lock:
             self._after_op(name, _tensors(out, []), following, k)
@@ -541,3 +730,49 @@ def _values(value: dict, out: list) -> None:
     elif value["type"] == "sequence":
         for element in value["elements"]:
             _values(element, out)
+
+
+def _host_form(trace, plan: dict) -> str:
+    """How this replay updates parameters on the host: with torch's own fused AdamW when
+    the device is the CPU (the reference ran that very kernel), else with the host form
+    the device's AdamW(fused=True) was probed to equal (Note [Probing the device
+    optimizer]). ValueError when none equals it."""
+    nodes = trace.graph["nodes"]
+    node = nodes[plan["host_updates"][0]["op_positions"][0]]
+    by_id = {n["id"]: n for n in nodes}
+    device = by_id[node["args"][0][0]["node"]]["value"]["device"]
+    if device == "cpu":
+        return "torch-cpu"
+    from spillway.optim import probe_adamw
+    kw = node["kwargs"]
+    found = probe_adamw(device, lr=kw["lr"], betas=(kw["beta1"], kw["beta2"]), eps=kw["eps"],
+                        weight_decay=kw["weight_decay"], maximize=bool(kw.get("maximize")))
+    if found["arithmetic"] is None:
+        detail = "; ".join(f"{a}: {m}" for a, m in found["mismatch"].items())
+        raise ValueError(f"[trace] this plan runs AdamW on the host, but no host form "
+                         f"reproduces {device}'s AdamW(fused=True) bit for bit ({detail}); "
+                         f"plan without host_adamw_gbs")
+    return found["arithmetic"]
+
+
+def _host_adamw(form: str, param, grad, exp_avg, exp_avg_sq, hyper, step: float, device,
+                side_stream) -> None:
+    """One parameter's AdamW on its host buffers (uint8, viewed as float32), in place."""
+    lr, beta1, beta2, weight_decay, eps, maximize = hyper
+    p, g = param.view(torch.float32), grad.view(torch.float32)
+    m, v = exp_avg.view(torch.float32), exp_avg_sq.view(torch.float32)
+    if form == "torch-cpu":
+        torch._fused_adamw_([p], [g], [m], [v], [], [torch.tensor(step)], lr=lr, beta1=beta1,
+                            beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
+                            maximize=maximize)
+        return
+    from spillway.optim._probe import arithmetic_code, powers
+    with torch.cuda.device(device), torch.cuda.stream(side_stream):
+        p1, p2 = powers(form, beta1, beta2, step, device)
+    torch.ops.spillway.adamw_update_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, maximize,
+                                     p1, p2, arithmetic_code(form), _host_threads())
+
+
+def _host_threads() -> int:
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
