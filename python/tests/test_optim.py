@@ -38,8 +38,6 @@ class _Reference:
     def __init__(self, model, groups, arithmetic, betas=(0.9, 0.999), eps=1e-8,
                  maximize=False):
         self.model, self.arithmetic = model, arithmetic
-        names = {id(p): n for n, p in model.named_parameters()}
-        del names
         self.groups = groups
         self.betas, self.eps, self.maximize = betas, eps, maximize
         self.state = {p: (torch.zeros_like(p), torch.zeros_like(p))
@@ -57,6 +55,29 @@ class _Reference:
                             eps=self.eps, weight_decay=g["weight_decay"],
                             maximize=self.maximize, step=float(self.steps),
                             device=torch.device("cpu"), threads=1)
+
+
+def _one_group_pair(seed: int, arithmetic: str):
+    """A tiny Llama with a HostAdamW of one group (1e-3, decay 1e-2), and its twin with
+    the same update applied by hand."""
+    model, ids = tiny_llama(seed)
+    twin = copy.deepcopy(model)
+    opt = HostAdamW(model.parameters(), arithmetic=arithmetic, threads=1)
+    ref = _Reference(twin, [dict(params=list(twin.parameters()), lr=1e-3, weight_decay=1e-2)],
+                     arithmetic)
+    return model, ids, twin, opt, ref
+
+
+def _step_both(model, twin, opt, ref, ids, backwards: int = 1):
+    """`backwards` backward calls on each model, one step of each optimizer; then the
+    parameters must be equal."""
+    for _ in range(backwards):
+        model(ids, labels=ids).loss.backward()
+        twin(ids, labels=ids).loss.backward()
+    opt.step()
+    ref.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
 
 
 def _twin_groups(groups, model, twin):
@@ -98,11 +119,7 @@ def test_each_step_equals_the_update_applied_by_hand(arithmetic, mode):
 
 
 def test_a_parameter_changed_by_the_user_is_taken_again_from_the_device():
-    model, ids = tiny_llama(4)
-    twin = copy.deepcopy(model)
-    opt = HostAdamW(model.parameters(), arithmetic="cuda-fused-float", threads=1)
-    ref = _Reference(twin, [dict(params=list(twin.parameters()), lr=1e-3, weight_decay=1e-2)],
-                     "cuda-fused-float")
+    model, ids, twin, opt, ref = _one_group_pair(4, "cuda-fused-float")
     for step in range(3):
         if step == 1:  # the user halves a weight, and loads another, between steps
             with torch.no_grad():
@@ -111,29 +128,14 @@ def test_a_parameter_changed_by_the_user_is_taken_again_from_the_device():
             state = {k: v * 0.25 for k, v in model.lm_head.state_dict().items()}
             model.lm_head.load_state_dict(state)
             twin.lm_head.load_state_dict(state)
-        model(ids, labels=ids).loss.backward()
-        twin(ids, labels=ids).loss.backward()
-        opt.step()
-        ref.step()
-        for p, q in zip(model.parameters(), twin.parameters()):
-            assert torch.equal(p, q), step
+        _step_both(model, twin, opt, ref, ids)
         opt.zero_grad()
         twin.zero_grad()
 
 
 def test_gradients_accumulate_across_backward_calls_unless_consumed_early():
-    model, ids = tiny_llama(5)
-    twin = copy.deepcopy(model)
-    opt = HostAdamW(model.parameters(), arithmetic="cuda-fused-double", threads=1)
-    ref = _Reference(twin, [dict(params=list(twin.parameters()), lr=1e-3, weight_decay=1e-2)],
-                     "cuda-fused-double")
-    for _ in range(2):  # two micro-batches per step
-        model(ids, labels=ids).loss.backward()
-        twin(ids, labels=ids).loss.backward()
-    opt.step()
-    ref.step()
-    for p, q in zip(model.parameters(), twin.parameters()):
-        assert torch.equal(p, q)
+    model, ids, twin, opt, ref = _one_group_pair(5, "cuda-fused-double")
+    _step_both(model, twin, opt, ref, ids, backwards=2)  # two micro-batches per step
 
     eager = HostAdamW(model.parameters(), arithmetic="cuda-fused-double", threads=1,
                       step_in_backward=True)
@@ -162,12 +164,8 @@ def test_a_torch_adamw_state_dict_loads_onto_the_host_and_training_continues():
         ref.state[q] = (torch_opt.state[p]["exp_avg"].clone(),
                         torch_opt.state[p]["exp_avg_sq"].clone())
     ref.steps = 1
-    model(ids, labels=ids).loss.backward()
-    twin(ids, labels=ids).loss.backward()
-    opt.step()
-    ref.step()
-    for p, q in zip(model.parameters(), twin.parameters()):
-        assert torch.equal(p, q)
+    _step_both(model, twin, opt, ref, ids)
+    for p in model.parameters():
         assert opt.state[p]["exp_avg"].device.type == "cpu"
         assert float(opt.state[p]["step"]) == 2
 

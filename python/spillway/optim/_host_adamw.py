@@ -38,13 +38,12 @@ backward with free_grads.
 from __future__ import annotations
 
 import math
-import os
 import queue
 import threading
 
 import torch
 
-from spillway.optim._probe import ARITHMETICS, arithmetic_code, powers, probe_adamw
+from spillway.optim._probe import ARITHMETICS, arithmetic_code, host_threads, powers, probe_adamw
 
 _COMPONENT = "[optim]"
 
@@ -102,8 +101,7 @@ class HostAdamW(torch.optim.Optimizer):
             raise ValueError(f"{_COMPONENT} arithmetic must be 'probe' or one of "
                              f"{ARITHMETICS}, got {arithmetic!r}")
         if threads is None:
-            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-                else (os.cpu_count() or 1)
+            threads = host_threads()
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"{_COMPONENT} threads must be an int >= 1, got {threads!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,

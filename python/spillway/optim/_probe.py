@@ -27,6 +27,13 @@ ARITHMETICS = ("cuda-fused-double", "cuda-fused-float")
 _PROBE_STEPS = (1, 2, 3, 1000, 2 ** 20 + 5)
 
 
+def host_threads() -> int:
+    """The CPUs this process may use: the host update's default thread count."""
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+
+
 def arithmetic_code(name: str) -> int:
     """The op's integer for a form's name."""
     return ARITHMETICS.index(name)
@@ -131,14 +138,12 @@ def measure_host_adamw_gbs(arithmetic: str = ARITHMETICS[0], *, elements: int = 
     """The host update's bandwidth on this machine in GB/s (28 bytes per element, the
     best of `repeat` updates of `elements` fp32 values after a warm-up): what
     spillway.trace.plan(host_adamw_gbs=...) needs. About a second for the default."""
-    import os
     import time
 
     from spillway import ops  # loads spillway._C, which registers the op
     del ops
     if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
+        threads = host_threads()
     p, g = torch.randn(elements), torch.randn(elements)
     m, v = torch.zeros(elements), torch.zeros(elements)
     best = float("inf")

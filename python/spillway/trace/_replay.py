@@ -766,13 +766,8 @@ def _host_adamw(form: str, param, grad, exp_avg, exp_avg_sq, hyper, step: float,
                             beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
                             maximize=maximize)
         return
-    from spillway.optim._probe import arithmetic_code, powers
+    from spillway.optim._probe import arithmetic_code, host_threads, powers
     with torch.cuda.device(device), torch.cuda.stream(side_stream):
         p1, p2 = powers(form, beta1, beta2, step, device)
     torch.ops.spillway.adamw_update_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, maximize,
-                                     p1, p2, arithmetic_code(form), _host_threads())
-
-
-def _host_threads() -> int:
-    import os
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+                                     p1, p2, arithmetic_code(form), host_threads())
