@@ -170,8 +170,9 @@ struct ResidencyOptions {
   // op longer or doubled, while the plan fits and gets faster). Off: every lead is the
   // slack rule's (what kExact enumerates with).
   bool tune_leads = true;
-  // The model's host updates: none, all, or whichever of the two gives the
-  // faster plan that fits (kFastest).
+  // The model's host updates: none, all, or the fastest plan that fits of
+  // none, all and the first 1/8, 1/4, 1/2 and 3/4 of them in the order their
+  // gradients complete (kFastest).
   enum class HostUpdates { kNone, kAll, kFastest } host_updates = HostUpdates::kFastest;
 };
 

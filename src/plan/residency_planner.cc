@@ -34,14 +34,18 @@
 // it is and on the model with every host update applied (their moments off
 // the device for good, their gradients leaving once complete), and the
 // faster plan that fits is the answer (kFastest; kNone and kAll plan one).
-// All or nothing for now: a per-parameter choice would let a plan keep the
-// updates of parameters whose H2D cannot hide on the device.
+// kFastest also plans with the first eighth, quarter, half and three
+// quarters of them, in the order their gradients complete (the last layers'
+// first: their updates overlap the rest of backward, and their parameters
+// are needed last in the next forward). A choice per parameter is left for
+// later: each choice is a whole gap search.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -372,13 +376,38 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
   }
   // A budget the step already fits changes nothing, host updates included.
   const ResidencyForecast unplanned = simulate_residency(model, {}, cost);
+  // The host updates in the order they can start: their gradients complete earliest
+  // first (the last layers', in backward), so the update overlaps the most of the step.
   std::vector<std::int32_t> every(model.host_updates.size());
-  for (std::size_t k = 0; k < every.size(); ++k) every[k] = static_cast<std::int32_t>(k);
+  std::vector<std::int32_t> ready(model.host_updates.size(), 0);
+  for (std::size_t k = 0; k < every.size(); ++k) {
+    every[k] = static_cast<std::int32_t>(k);
+    const HostUpdate& u = model.host_updates[k];
+    for (const std::int32_t g : u.grads) {
+      const ResidencyStorage& st = model.storages[g];
+      for (std::size_t j = 0; j < st.uses.size(); ++j) {
+        if (st.writes[j] && st.uses[j] < u.ops.front()) ready[k] = std::max(ready[k], st.uses[j]);
+      }
+    }
+  }
+  std::stable_sort(every.begin(), every.end(), [&](std::int32_t a, std::int32_t b) { return ready[a] < ready[b]; });
   std::vector<std::vector<std::int32_t>> choices;
   using Mode = ResidencyOptions::HostUpdates;
   if (options.host_updates != Mode::kAll || every.empty()) choices.push_back({});
   if (options.host_updates != Mode::kNone && !every.empty() && !fits_budget(unplanned, options)) {
-    choices.push_back(every);
+    // kFastest: the first eighth, quarter, half, three quarters and all of them.
+    const std::size_t n = every.size();
+    std::set<std::size_t> counts{n};
+    if (options.host_updates == Mode::kFastest) {
+      for (const std::size_t part : {n / 8, n / 4, n / 2, 3 * n / 4}) {
+        if (part > 0) counts.insert(part);
+      }
+    }
+    for (const std::size_t count : counts) {
+      std::vector<std::int32_t> chosen(every.begin(), every.begin() + static_cast<std::ptrdiff_t>(count));
+      std::sort(chosen.begin(), chosen.end());
+      choices.push_back(std::move(chosen));
+    }
   }
   std::optional<ResidencyResult> best;
   std::optional<InvalidArgument> refused;
