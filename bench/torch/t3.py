@@ -30,6 +30,10 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
     torchao-offload       torchao's CPUOffloadOptimizer(AdamW, fused=True): the AdamW
                           state and step on the CPU (a carried wheel, SPILLWAY_T3_TORCHAO_DIR)
 
+DeepSpeed's ZeRO-Offload, the issue's third peer, is not here: the GPU machine has no
+DeepSpeed, and the only peers it may receive are the carried wheels its README lists
+(torchtune, diffusers, torchao), so it cannot run there.
+
 Per method: the median step time over the steps after the first two (CUDA events), the
 peak GPU memory allocated in those steps, the host RSS, whether the loss of every step
 and every parameter and AdamW state after the last step equal the reference's (two

@@ -660,10 +660,14 @@ def test_an_opaque_region_replays_as_one_op_each_way_and_allocating_inside_is_no
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device-check)")
-def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak():
+@pytest.mark.parametrize("host", [False, True], ids=["device-adamw", "host-adamw"])
+def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak(host):
     """fp32 Llama with AdamW (fused, a group per parameter) on the GPU: replayed steps
     torch.equal to the twin's (deterministic algorithms), no miss, and the peak measured
-    during replayed steps below the twin's (the plan moved storages for real)."""
+    during replayed steps below the twin's (the plan moved storages for real). With
+    host-adamw the plan runs AdamW on the host (the probed form, a near-instant host
+    forced so that it does), and one step diverges between backward and the optimizer
+    step: exact all the same."""
     from _models import deterministic_cuda
     with deterministic_cuda():
         model, ids = tiny_llama(10, layers=4, hidden=512, intermediate=1408, vocab=2048, seq=256)
@@ -680,9 +684,20 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak():
             torch.cuda.synchronize()
             recorded_peak = torch.cuda.max_memory_allocated()  # everything resident
             assert torch.equal(a, _llama_step(twin, twin_opt, ids, k))
-        plan = spillway.trace.plan(r.trace, 0.5, min_bytes=256 << 10)
+        plan = spillway.trace.plan(r.trace, 0.5, min_bytes=256 << 10,
+                                   host_adamw_gbs=1e4 if host else None)
+        assert bool(plan["host_updates"]) == host
         replay = spillway.trace.replay(r.trace, plan)
         peaks = []
+
+        def diverging(m, o, x, k):  # an op the trace does not have, once gradients left
+            loss = m(x.roll(k, 1), labels=x).loss
+            loss.backward()
+            (x.float() * 2).sum()
+            o.step()
+            o.zero_grad()
+            return loss.detach()
+
         with replay:
             for k in range(2, 5):
                 torch.cuda.synchronize()
@@ -693,6 +708,14 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak():
                 peaks.append(torch.cuda.max_memory_allocated())
                 assert torch.equal(a, _llama_step(twin, twin_opt, ids, k)), k
             assert replay.stats()["misses"] == 0, getattr(replay, "last_miss", None)
+            if host:
+                assert replay.stats()["host_updates"] == 3 * len(plan["host_updates"])
+                for k, run in ((5, diverging), (6, _llama_step)):
+                    with replay.step():
+                        a = run(model, opt, ids, k)
+                    assert torch.equal(a, run(twin, twin_opt, ids, k)), k
+                    _same(model, opt, twin, twin_opt)
+                assert replay.stats()["misses"] == 1
         _same(model, opt, twin, twin_opt)
         # The twin is resident in both measurements: the difference is the plan's.
         saved = recorded_peak - max(peaks)
