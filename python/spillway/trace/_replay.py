@@ -153,6 +153,7 @@ class Replay(TorchDispatchMode):
         self._updating: set = set()  # parameters whose host update is under way or unapplied
         self._jobs = None  # the host updates' worker: a queue, made at the first
         self._worker_error: BaseException | None = None
+        self._in_step = False
         self._load(trace, plan)
 
     # ---- the plan as per-op actions ----
@@ -576,8 +577,8 @@ class Replay(TorchDispatchMode):
 
     # ---- numbering, as the recorder numbers ----
 
-    def _sid(self, tensor: torch.Tensor) -> int | None:
-        key, storage = _key(tensor)
+    def _sid(self, tensor: torch.Tensor, keyed=None) -> int | None:
+        key, storage = keyed if keyed is not None else _key(tensor)
         if key is None:
             return None
         sid = self._ids.get(key)
@@ -612,31 +613,34 @@ class Replay(TorchDispatchMode):
         (unless `bring` is False: an op run on the host instead, which reads the host
         copies)."""
         self._poll()
-        in_step = getattr(self, "_in_step", False)
+        in_step = self._in_step
         following = in_step and self._following
         k = self._k if in_step else -1
         if following and (k >= self._n_ops or self._expected[k][0] != target):
             self._diverge(f"op {k}: {target} where the trace has "
                           f"{self._expected[k][0] if k < self._n_ops else 'nothing'}")
             following = False
+        keyed = [_key(t) for t in inputs]  # each input's storage, found once
         if in_step:
-            for t in inputs:
-                self._sid(t)
+            for t, kk in zip(inputs, keyed):
+                self._sid(t, kk)
         if following:
             for sid in self._before[k]:
                 m = self._moved.get(sid)
                 if m is not None:
                     self._issue(m)
         if bring or not (following and k in self._host_ops):
-            self._bring_inputs(inputs, following, k)
+            self._bring_inputs(inputs, following, k, keyed)
         return following, k
 
-    def _bring_inputs(self, inputs: list, following: bool, k: int) -> None:
+    def _bring_inputs(self, inputs: list, following: bool, k: int, keyed=None) -> None:
         """Nothing reads a storage while it is away. An op the plan does not follow
         (between steps, after a divergence, inside an opaque region) may write what it
         touches: the host copy of a moved storage it touches is stale from then on."""
-        for t in inputs:
-            key, storage = _key(t)
+        if following and not self._off:
+            return  # nothing away, and nothing whose host copy this op could stale
+        for i, t in enumerate(inputs):
+            key, storage = keyed[i] if keyed is not None else _key(t)
             if not following and key is not None:
                 touched = self._by_key.get(key)
                 if touched is not None:
@@ -649,7 +653,7 @@ class Replay(TorchDispatchMode):
     def _after_op(self, target: str, outputs: list, following: bool, k: int) -> None:
         """After op k: the numbering of its outputs and their check against the trace,
         then write-backs and storages leaving."""
-        if not getattr(self, "_in_step", False) or k < 0:
+        if not self._in_step or k < 0:
             return
         sids = [self._sid(t) for t in outputs]
         if following and self._following:
@@ -710,7 +714,7 @@ class Replay(TorchDispatchMode):
                 self._poll()
                 self._bring_inputs(inputs, False, -1)
                 return func(*args, **kwargs)
-            host_op = self._host_ops.get(self._k) if getattr(self, "_in_step", False) else None
+            host_op = self._host_ops.get(self._k) if self._in_step else None
             following, k = self._before_op(name, inputs, bring=host_op is None)
             if host_op is not None and following:
                 if self._host_update(host_op, args, kwargs):
