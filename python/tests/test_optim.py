@@ -170,6 +170,19 @@ def test_a_torch_adamw_state_dict_loads_onto_the_host_and_training_continues():
         assert float(opt.state[p]["step"]) == 2
 
 
+def test_under_spillway_trace_it_refuses_to_update_behind_the_traces_back():
+    import spillway.trace
+    model, ids = tiny_llama(10)
+    opt = HostAdamW(model.parameters(), arithmetic="cuda-fused-float", threads=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match=r"HostAdamW ran under spillway.trace \(Recorder\)"):
+        with spillway.trace.record(model, opt):
+            model(ids, labels=ids).loss.backward()
+    for p, q in zip(model.parameters(), before):  # nothing was updated
+        assert torch.equal(p, q)
+    opt.close()
+
+
 def test_bad_arguments_are_refused_with_their_name():
     model, _ = tiny_llama(7)
     params = list(model.parameters())

@@ -33,6 +33,11 @@ step. step_in_backward=True changes what a user may do between backward and step
 the update has already used the gradient, so clipping or scaling it there is
 refused (a second backward before step() raises), and so is reading p.grad after
 backward with free_grads.
+
+Under spillway.trace (record or replay) HostAdamW refuses to run: its parameter
+writes come from another thread, unseen by the trace. A traced step uses
+torch.optim.AdamW(fused=True), and a plan made with host_adamw_gbs runs the same host
+update inside the replay (Note [Host updates in replay]).
 """
 
 from __future__ import annotations
@@ -184,6 +189,14 @@ class HostAdamW(torch.optim.Optimizer):
     # ---- the pipeline ----------------------------------------------------------
 
     def _on_grad(self, p: torch.Tensor) -> None:
+        traced = _spillway_trace_mode()
+        if traced is not None:
+            raise RuntimeError(
+                f"{_COMPONENT} HostAdamW ran under spillway.trace ({traced}): its updates "
+                f"write parameters from another thread, unseen by the trace, so a replay "
+                f"would bring back stale copies. Record and replay the step with "
+                f"torch.optim.AdamW(fused=True) instead and plan with host_adamw_gbs: the "
+                f"replay then runs AdamW on the host itself")
         slot = self._slots[p]
         if slot.seen and (self._step_in_backward or self._free_grads):
             raise RuntimeError(
@@ -338,6 +351,15 @@ class HostAdamW(torch.optim.Optimizer):
             self._queue.put(None)
             self._worker.join()
             self._worker = None
+
+
+def _spillway_trace_mode() -> str | None:
+    """The name of a spillway.trace dispatch mode (Recorder, Replay) active here, if any."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    for mode in _get_current_dispatch_mode_stack():
+        if type(mode).__module__.startswith("spillway.trace"):
+            return type(mode).__name__
+    return None
 
 
 def _check_hyper(lr, betas, eps, weight_decay) -> None:
