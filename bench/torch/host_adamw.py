@@ -4,7 +4,8 @@
     PYTHONPATH=python python3 bench/torch/host_adamw.py [--elements 64M] [--repeat 5] [--json OUT]
 
 For fp32 tensors of --elements values: spillway's update (torch.ops.spillway.adamw_update_,
-each form, 1 thread and all of this process's CPUs) and torch.optim.AdamW on CPU
+each form, on 1 thread, the default count (spillway.optim's host_threads()) and all of
+this process's CPUs) and torch.optim.AdamW on CPU
 (fused=True, and foreach) at torch's thread count. Reports the median time per update
 and the bandwidth it reaches, counting 28 bytes per element (param, grad, exp_avg,
 exp_avg_sq read; param, exp_avg, exp_avg_sq written). The host side of T3: its 2.9 B
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
 
     import torch
     from spillway import ops  # registers torch.ops.spillway.adamw_update_
-    from spillway.optim._probe import ARITHMETICS, arithmetic_code
+    from spillway.optim._probe import ARITHMETICS, arithmetic_code, host_threads
     del ops
 
     n = args.elements
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
                      "gb_per_s": 28 * n / seconds / 1e9})
 
     for form in ARITHMETICS:
-        for threads in sorted({1, cpus}):
+        for threads in sorted({1, host_threads(), cpus}):
             add(f"spillway {form}", threads, _median_s(
                 lambda: torch.ops.spillway.adamw_update_(
                     p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 1e-2, False, 0.9, 0.999,

@@ -93,7 +93,8 @@ class HostAdamW(torch.optim.Optimizer):
     ValueError names the mismatch when none does. "cuda-fused-double" or
     "cuda-fused-float" skips the probe (no bitwise promise unless that form is the
     device's). threads: the host update's threads (default: the CPUs this process may
-    use). step_in_backward: update each parameter as soon as its gradient is complete.
+    use, less two when there are more than four: the threads that launch the step's
+    kernels keep theirs). step_in_backward: update each parameter as soon as its gradient is complete.
     free_grads: drop each device gradient once it is on the host.
     """
 

@@ -28,10 +28,14 @@ _PROBE_STEPS = (1, 2, 3, 1000, 2 ** 20 + 5)
 
 
 def host_threads() -> int:
-    """The CPUs this process may use: the host update's default thread count."""
+    """The host update's default thread count: the CPUs this process may use, less two
+    when there are more than four. The update runs while the step goes on: the Python
+    thread and autograd's device thread that launch its kernels keep a CPU each, or
+    the GPU would wait for them."""
     import os
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else (os.cpu_count() or 1)
+    return cpus - 2 if cpus > 4 else cpus
 
 
 def arithmetic_code(name: str) -> int:
