@@ -183,6 +183,23 @@ def test_under_spillway_trace_it_refuses_to_update_behind_the_traces_back():
     opt.close()
 
 
+def test_a_dropped_optimizer_leaves_no_hook_behind():
+    import gc
+    import weakref
+    model, ids = tiny_llama(11)
+    opt = HostAdamW(model.parameters(), arithmetic="cuda-fused-float", threads=1)
+    gone = weakref.ref(opt)
+    del opt
+    gc.collect()
+    assert gone() is None  # the hooks did not keep it alive
+    model(ids, labels=ids).loss.backward()  # and nothing fires on its behalf
+    again = HostAdamW(model.parameters(), arithmetic="cuda-fused-float", threads=1)
+    model(ids, labels=ids).loss.backward()
+    again.step()
+    assert all(float(again.state[p]["step"]) == 1 for p in model.parameters())
+    again.close()
+
+
 def test_bad_arguments_are_refused_with_their_name():
     model, _ = tiny_llama(7)
     params = list(model.parameters())

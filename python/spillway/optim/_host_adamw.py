@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import weakref
 
 import torch
 
@@ -136,7 +137,7 @@ class HostAdamW(torch.optim.Optimizer):
                 state["step"] = torch.tensor(0.0, dtype=torch.float32)
                 state["exp_avg"] = _pinned_zeros(p)
                 state["exp_avg_sq"] = _pinned_zeros(p)
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+                self._hooks.append(p.register_post_accumulate_grad_hook(_hook(self)))
         self._queue: queue.Queue | None = None
         self._worker: threading.Thread | None = None
         self._worker_error: BaseException | None = None
@@ -343,6 +344,10 @@ class HostAdamW(torch.optim.Optimizer):
             state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
             slot.version = -1  # take the parameter again at its next gradient
 
+    def __del__(self):
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
+
     def close(self) -> None:
         """Removes the hooks and stops the worker; the optimizer is unusable after."""
         for h in self._hooks:
@@ -352,6 +357,18 @@ class HostAdamW(torch.optim.Optimizer):
             self._queue.put(None)
             self._worker.join()
             self._worker = None
+
+
+def _hook(optimizer: HostAdamW):
+    """A parameter's post-accumulate-grad hook that does not keep the optimizer alive:
+    once it is gone (dropped without close()), the hook does nothing."""
+    ref = weakref.ref(optimizer)
+
+    def on_grad(p: torch.Tensor) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._on_grad(p)
+    return on_grad
 
 
 def _spillway_trace_mode() -> str | None:
