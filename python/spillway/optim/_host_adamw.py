@@ -70,16 +70,19 @@ class _Slot:
 
 
 def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of t in an exact-size pinned block (on CPU, a plain copy)."""
+    """A host copy of t in an exact-size pinned block (on CPU, a plain copy). On CUDA
+    its bytes land after the compute stream's current point (the stream waits for the
+    copy; the host does not): readers on the host wait for an event recorded later on
+    that stream, as the pipeline's do."""
     from spillway import ops
     src = t.detach()
     return ops.wait_tensor(ops.offload(src.contiguous(), exact=True), keepalive=src)
 
 
 def _pinned_zeros(t: torch.Tensor) -> torch.Tensor:
-    out = _pinned_copy(t)
-    out.zero_()
-    return out
+    # Zeros copied from the device, not a copy zeroed on the host: on CUDA the copy may
+    # land after a host-side zero_() and overwrite it.
+    return _pinned_copy(torch.zeros_like(t))
 
 
 class HostAdamW(torch.optim.Optimizer):
