@@ -29,7 +29,10 @@ a weight in place, is seen). load_state_dict() keeps the moments on the host.
 
 Exactness: with one backward per step, the parameters, moments and (host) gradients
 are torch.equal to those of torch.optim.AdamW(fused=True) on the device, on every
-step. step_in_backward=True changes what a user may do between backward and step():
+step. step_in_backward=True writes a parameter back once its gradient is complete, as
+torch's optimizer-in-backward pattern does: a backward op that still reads the
+parameter after that (one used through .detach()) could see the new value. It also
+changes what a user may do between backward and step():
 the update has already used the gradient, so clipping or scaling it there is
 refused (a second backward before step() raises), and so is reading p.grad after
 backward with free_grads.
@@ -243,8 +246,9 @@ class HostAdamW(torch.optim.Optimizer):
         slot.version, slot.data_ptr = p._version, p.data_ptr()
         return stale
 
-    def _update(self, p: torch.Tensor) -> None:
-        """Runs one parameter's update and enqueues its write-back."""
+    def _update(self, p: torch.Tensor, after=None) -> None:
+        """Runs one parameter's update and enqueues its write-back: after `after` (an
+        event on the compute stream), else after the event its gradient completed at."""
         slot = self._slots[p]
         i = self._group_of[p]
         group = self.param_groups[i]
@@ -260,7 +264,7 @@ class HostAdamW(torch.optim.Optimizer):
             float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]),
             bool(group["maximize"]), p1, p2, arithmetic_code(form), self._threads)
         if self._cuda:
-            self._h2d.wait_event(slot.ready)
+            self._h2d.wait_event(after if after is not None else slot.ready)
             with torch.cuda.stream(self._h2d):
                 p.data.copy_(slot.param, non_blocking=True)
         else:
@@ -324,8 +328,15 @@ class HostAdamW(torch.optim.Optimizer):
             raise RuntimeError(f"{_COMPONENT} a host update failed: {error}") from error
         with self._lock:
             waiting, self._waiting = self._waiting, []
+        # Write-backs started here wait for everything enqueued before step(): a
+        # parameter backward still reads after its gradient is complete (one used
+        # through .detach(), say) keeps its old value for that read.
+        after = None
+        if self._cuda and waiting:
+            after = torch.cuda.Event()
+            after.record(torch.cuda.current_stream(self._device))
         for p in waiting:
-            self._update(p)
+            self._update(p, after)
         for slot in self._slots.values():
             slot.seen = False
         if self._cuda:
