@@ -71,8 +71,8 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     (spillway.optim.HostAdamW's update: gradients down once complete, parameters back,
     the moments on the host for good) at this bandwidth in GB/s, counting 28 bytes per
     element (bench/torch/host_adamw.py measures it); the plan takes that when its
-    forecast is faster ("host_updates" lists what it chose). A forecast only for now:
-    replay() does not run host updates yet and refuses such a plan.
+    forecast is faster ("host_updates" lists what it chose); replay() runs such a plan
+    (Note [Host updates in replay] in _replay.py).
     """
     import json
 
