@@ -85,6 +85,12 @@ inline constexpr double kHostAdamWBytesPerElement = 28;
 // how many it added. Throws InvalidArgument for host_gbs <= 0.
 int add_host_update_candidates(const Graph& graph, ResidencyModel& model, double host_gbs);
 
+// The position after which gradient `grad` (a storage index) of host update
+// `u` is complete: its last write before the update's ops (the same in the
+// model and in the one apply_host_updates leaves), or -1 when there is none.
+std::int32_t gradient_complete_position(const ResidencyModel& model, const HostUpdate& u,
+                                        std::int32_t grad);
+
 // The model as the chosen host updates (indices into model.host_updates)
 // leave it: their ops take no time and use nothing, their states have no
 // uses (they live on the host), their gradients' uses after their last write

@@ -351,12 +351,26 @@ def _twins(seed=5):
             twin, torch.optim.AdamW(twin.parameters(), lr=1e-3), ids)
 
 
-def _llama_step(model, optimizer, ids, k):
+def _llama_step(model, optimizer, ids, k, extra_after_backward=False):
     loss = model(ids.roll(k, 1), labels=ids).loss
     loss.backward()
+    if extra_after_backward:
+        (ids.float() * 2).sum()  # an op the trace does not have
     optimizer.step()
     optimizer.zero_grad()
     return loss.detach()
+
+
+def _diverging_before(model, optimizer, ids, k):
+    """A step with an op the trace does not have, before its forward."""
+    (ids.float() * 2).sum()
+    return _llama_step(model, optimizer, ids, k)
+
+
+def _diverging_after_backward(model, optimizer, ids, k):
+    """A step with an op the trace does not have between backward and the optimizer step
+    (once the gradients have left for a host update)."""
+    return _llama_step(model, optimizer, ids, k, extra_after_backward=True)
 
 
 def _same(model, optimizer, twin, twin_optimizer):
@@ -450,24 +464,12 @@ def test_host_updates_survive_divergence_and_re_planning():
                                        fused=True) for m in (model, twin))
     trace = _recorded(model, opt, twin, twin_opt, ids)
 
-    def extra_before(m, o, x, k):
-        (x.float() * 2).sum()
-        return _llama_step(m, o, x, k)
-
-    def extra_after_backward(m, o, x, k):
-        loss = m(x.roll(k, 1), labels=x).loss
-        loss.backward()
-        (x.float() * 2).sum()
-        o.step()
-        o.zero_grad()
-        return loss.detach()
-
     replay = spillway.trace.replay(trace, 0.4, min_bytes=64 << 10, max_misses=2,
                                    host_adamw_gbs=1e4)
     assert replay.plan["host_updates"]
-    runs = [_llama_step, extra_before, _llama_step, extra_after_backward, _llama_step,
-            extra_after_backward, extra_after_backward, extra_after_backward,
-            extra_after_backward]
+    runs = [_llama_step, _diverging_before, _llama_step, _diverging_after_backward,
+            _llama_step, _diverging_after_backward, _diverging_after_backward,
+            _diverging_after_backward, _diverging_after_backward]
     with replay:
         for k, run in enumerate(runs, start=2):
             with replay.step():
@@ -533,12 +535,8 @@ def test_divergent_steps_stay_exact_count_misses_and_get_recorded_again():
     replay = spillway.trace.replay(trace, 0.4, min_bytes=64 << 10, max_misses=3)
     short = ids[:, :64]
 
-    def extra_op(m, o, x, k):
-        (x.float() * 2).sum()  # an op the trace does not have
-        return _llama_step(m, o, x, k)
-
     with replay:
-        for k, (run, x) in enumerate([(extra_op, ids), (_llama_step, short),
+        for k, (run, x) in enumerate([(_diverging_before, ids), (_llama_step, short),
                                       (_llama_step, short), (_llama_step, short),
                                       (_llama_step, short), (_llama_step, short)]):
             with replay.step():
@@ -690,14 +688,6 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak(host):
         replay = spillway.trace.replay(r.trace, plan)
         peaks = []
 
-        def diverging(m, o, x, k):  # an op the trace does not have, once gradients left
-            loss = m(x.roll(k, 1), labels=x).loss
-            loss.backward()
-            (x.float() * 2).sum()
-            o.step()
-            o.zero_grad()
-            return loss.detach()
-
         with replay:
             for k in range(2, 5):
                 torch.cuda.synchronize()
@@ -710,7 +700,7 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak(host):
             assert replay.stats()["misses"] == 0, getattr(replay, "last_miss", None)
             if host:
                 assert replay.stats()["host_updates"] == 3 * len(plan["host_updates"])
-                for k, run in ((5, diverging), (6, _llama_step)):
+                for k, run in ((5, _diverging_after_backward), (6, _llama_step)):
                     with replay.step():
                         a = run(model, opt, ids, k)
                     assert torch.equal(a, run(twin, twin_opt, ids, k)), k

@@ -48,14 +48,7 @@ json residency_json(const ResidencyModel& original, const ResidencyResult& resul
     for (const std::int32_t p : u.ops) ops.push_back(original.op_names[p]);
     // Where each gradient is complete: its last write in the model the updates leave.
     json complete = json::array();
-    for (const std::int32_t g : u.grads) {
-      const ResidencyStorage& st = model.storages[g];
-      std::int32_t last = -1;
-      for (std::size_t j = 0; j < st.uses.size(); ++j) {
-        if (st.writes[j]) last = st.uses[j];
-      }
-      complete.push_back(last);
-    }
+    for (const std::int32_t g : u.grads) complete.push_back(gradient_complete_position(original, u, g));
     host_updates.push_back({{"params", ids(u.params)}, {"grads", ids(u.grads)}, {"states", ids(u.states)},
                             {"ops", ops}, {"op_positions", u.ops}, {"grad_complete_pos", complete},
                             {"elements", u.elements}, {"host_ms", u.host_ms}});

@@ -383,12 +383,7 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
   for (std::size_t k = 0; k < every.size(); ++k) {
     every[k] = static_cast<std::int32_t>(k);
     const HostUpdate& u = model.host_updates[k];
-    for (const std::int32_t g : u.grads) {
-      const ResidencyStorage& st = model.storages[g];
-      for (std::size_t j = 0; j < st.uses.size(); ++j) {
-        if (st.writes[j] && st.uses[j] < u.ops.front()) ready[k] = std::max(ready[k], st.uses[j]);
-      }
-    }
+    for (const std::int32_t g : u.grads) ready[k] = std::max(ready[k], gradient_complete_position(model, u, g));
   }
   std::stable_sort(every.begin(), every.end(), [&](std::int32_t a, std::int32_t b) { return ready[a] < ready[b]; });
   std::vector<std::vector<std::int32_t>> choices;

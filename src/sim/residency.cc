@@ -248,6 +248,16 @@ int add_host_update_candidates(const Graph& graph, ResidencyModel& model, double
   return added;
 }
 
+std::int32_t gradient_complete_position(const ResidencyModel& model, const HostUpdate& u, std::int32_t grad) {
+  const ResidencyStorage& st = model.storages.at(grad);
+  const std::int32_t first_op = *std::min_element(u.ops.begin(), u.ops.end());
+  std::int32_t last_write = -1;
+  for (std::size_t j = 0; j < st.uses.size(); ++j) {
+    if (st.uses[j] < first_op && st.writes[j]) last_write = st.uses[j];
+  }
+  return last_write;
+}
+
 ResidencyModel apply_host_updates(const ResidencyModel& model, const std::vector<std::int32_t>& chosen) {
   ResidencyModel out = model;
   std::set<std::int32_t> seen;
@@ -273,19 +283,14 @@ ResidencyModel apply_host_updates(const ResidencyModel& model, const std::vector
       st.uses = std::move(uses);
       st.writes = std::move(writes);
     };
-    for (std::int32_t s : u.params) drop(s, [&](std::int32_t p) { return ops.count(p) > 0; });
     for (std::int32_t s : u.states) drop(s, [](std::int32_t) { return true; });
     for (std::int32_t s : u.grads) {
       // Complete at its last write before the update: what follows is the update's.
-      std::int32_t last_write = -1;
-      const ResidencyStorage& st = model.storages[s];
-      for (std::size_t j = 0; j < st.uses.size(); ++j) {
-        if (st.uses[j] < first_op && st.writes[j]) last_write = st.uses[j];
-      }
+      const std::int32_t last_write = gradient_complete_position(model, u, s);
       drop(s, [&](std::int32_t p) { return p > last_write && (p >= first_op || ops.count(p) > 0); });
     }
   }
-  // The other storages' uses of the replaced ops (an op's scalar step count, say).
+  // Every storage's uses of the replaced ops (the parameters', a step count's).
   std::set<std::int32_t> replaced;
   for (std::int32_t k : chosen) replaced.insert(model.host_updates[k].ops.begin(), model.host_updates[k].ops.end());
   if (!replaced.empty()) {
@@ -337,13 +342,11 @@ class ResidencyReplay {
       const auto index = static_cast<std::int32_t>(updates_.size());
       updates_.push_back(&u);
       for (const std::int32_t g : u.grads) {
-        // Complete at its last write (apply_host_updates left no use after the update's).
-        const ResidencyStorage& st = model_.storages[g];
-        std::int32_t last_write = -1;
-        for (std::size_t j = 0; j < st.uses.size(); ++j) {
-          if (st.writes[j]) last_write = st.uses[j];
+        const std::int32_t last_write = gradient_complete_position(model_, u, g);
+        if (last_write < 0) {
+          residency_bad("host update " + std::to_string(k) + ": gradient " + model_.storages[g].name +
+                        " is never written");
         }
-        if (last_write < 0) residency_bad("host update " + std::to_string(k) + ": gradient " + st.name + " is never written");
         grad_complete_after_[last_write].push_back({index, g});
         update_grad_.insert(g);
       }

@@ -52,7 +52,8 @@ import weakref
 
 import torch
 
-from spillway.optim._probe import ARITHMETICS, arithmetic_code, host_threads, powers, probe_adamw
+from spillway.optim._probe import (ARITHMETICS, arithmetic_code, device_powers, host_threads,
+                                   probe_adamw)
 
 _COMPONENT = "[optim]"
 
@@ -133,8 +134,6 @@ class HostAdamW(torch.optim.Optimizer):
         self._cuda = self._device.type == "cuda"
         self._d2h = torch.cuda.Stream(self._device) if self._cuda else None
         self._h2d = torch.cuda.Stream(self._device) if self._cuda else None
-        self._side = torch.cuda.Stream(self._device) if self._cuda else None
-        self._power_cache: dict = {}
         for i, group in enumerate(self.param_groups):
             for p in group["params"]:
                 self._slots[p] = _Slot(p)
@@ -258,7 +257,7 @@ class HostAdamW(torch.optim.Optimizer):
         state["step"] += 1
         form = self._arithmetic[i]
         beta1, beta2 = group["betas"]
-        p1, p2 = self._powers(form, beta1, beta2, float(state["step"]))
+        p1, p2 = device_powers(form, beta1, beta2, float(state["step"]), self._device)
         torch.ops.spillway.adamw_update_(
             slot.param, slot.grad, state["exp_avg"], state["exp_avg_sq"], float(group["lr"]),
             float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]),
@@ -269,23 +268,6 @@ class HostAdamW(torch.optim.Optimizer):
                 p.data.copy_(slot.param, non_blocking=True)
         else:
             p.data.copy_(slot.param)
-
-    def _powers(self, form: str, beta1: float, beta2: float, step: float):
-        """beta**step from the device (Note [Probing the device optimizer]), once per
-        value. On CUDA on a side stream: torch's compute stream is the legacy default
-        stream, which a small op issued there from the worker would wait behind."""
-        key = (form, beta1, beta2, step)
-        found = self._power_cache.get(key)
-        if found is None:
-            if self._cuda:
-                with torch.cuda.device(self._device), torch.cuda.stream(self._side):
-                    found = powers(form, beta1, beta2, step, self._device)
-            else:
-                found = powers(form, beta1, beta2, step, self._device)
-            if len(self._power_cache) > 64:
-                self._power_cache.clear()
-            self._power_cache[key] = found
-        return found
 
     def _start_worker(self) -> None:
         if self._worker is not None:

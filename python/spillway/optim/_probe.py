@@ -58,6 +58,28 @@ def powers(arithmetic: str, beta1: float, beta2: float, step: float,
     return p1, p2
 
 
+_side_streams: dict = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _powers_once(arithmetic: str, beta1: float, beta2: float, step: float,
+                 device: str) -> tuple[float, float]:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return powers(arithmetic, beta1, beta2, step, dev)
+    stream = _side_streams.setdefault(device, torch.cuda.Stream(dev))
+    with torch.cuda.device(dev), torch.cuda.stream(stream):
+        return powers(arithmetic, beta1, beta2, step, dev)
+
+
+def device_powers(arithmetic: str, beta1: float, beta2: float, step: float,
+                  device: torch.device) -> tuple[float, float]:
+    """powers(), once per value (a step's parameters share it). On CUDA on a side stream
+    of its own: torch's compute stream is the legacy default stream, which a small op
+    issued there from a host-update worker would wait behind."""
+    return _powers_once(arithmetic, float(beta1), float(beta2), float(step), str(device))
+
+
 def host_update(arithmetic: str, param: torch.Tensor, grad: torch.Tensor,
                 exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, lr: float,
                 betas: tuple[float, float], eps: float, weight_decay: float,

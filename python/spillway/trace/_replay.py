@@ -535,18 +535,11 @@ class Replay(TorchDispatchMode):
                     event.synchronize()
                 if self._worker_error is None:
                     _host_adamw(self._host_form, p.host, g.host, m1.host, m2.host, hyper, step,
-                                device, self._side_stream(device))
+                                device)
             except BaseException as e:  # reported by the main thread
                 self._worker_error = e
             finally:
                 p.update.set()
-
-    def _side_stream(self, device):
-        if device.type != "cuda":
-            return None
-        if getattr(self, "_pow_stream", None) is None:
-            self._pow_stream = torch.cuda.Stream(device)
-        return self._pow_stream
 
     def _finish_update(self, m: _Moved) -> None:
         """Waits for the parameter's host update; a parameter on the device gets the new
@@ -759,8 +752,8 @@ def _host_form(trace, plan: dict) -> str:
     return found["arithmetic"]
 
 
-def _host_adamw(form: str, param, grad, exp_avg, exp_avg_sq, hyper, step: float, device,
-                side_stream) -> None:
+def _host_adamw(form: str, param, grad, exp_avg, exp_avg_sq, hyper, step: float,
+                device) -> None:
     """One parameter's AdamW on its host buffers (uint8, viewed as float32), in place."""
     lr, beta1, beta2, weight_decay, eps, maximize = hyper
     p, g = param.view(torch.float32), grad.view(torch.float32)
@@ -770,8 +763,7 @@ def _host_adamw(form: str, param, grad, exp_avg, exp_avg_sq, hyper, step: float,
                             beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
                             maximize=maximize)
         return
-    from spillway.optim._probe import arithmetic_code, host_threads, powers
-    with torch.cuda.device(device), torch.cuda.stream(side_stream):
-        p1, p2 = powers(form, beta1, beta2, step, device)
+    from spillway.optim._probe import arithmetic_code, device_powers, host_threads
+    p1, p2 = device_powers(form, beta1, beta2, step, device)
     torch.ops.spillway.adamw_update_(p, g, m, v, lr, beta1, beta2, eps, weight_decay, maximize,
                                      p1, p2, arithmetic_code(form), host_threads())
