@@ -34,8 +34,10 @@ DeepSpeed's ZeRO-Offload, the issue's third peer, is not here: the GPU machine h
 DeepSpeed, and the only peers it may receive are the carried wheels its README lists
 (torchtune, diffusers, torchao), so it cannot run there.
 
-Per method: the median step time over the steps after the first two (CUDA events), the
-peak GPU memory allocated in those steps, the host RSS, whether the loss of every step
+Per method: the median step time over the steps after the first three (CUDA events;
+the third, a spillway method's first replayed step, makes its pinned host buffers and is
+reported apart as "step 3"), the CPU's time to issue a step (near the step time: bound
+by the CPU), the peak GPU memory allocated in every step after the first two, the host RSS, whether the loss of every step
 and every parameter and AdamW state after the last step equal the reference's (two
 checksums of the bits of each), and for spillway the plan's forecast (step, peak)
 against the measurement. On a CPU (--tiny --device cpu: a smoke test) the reference's
@@ -76,12 +78,23 @@ def _checksum(t) -> list[int]:
     return [int(bits.sum()), int((bits * weights).sum())]
 
 
+def _state_of(optimizer, p) -> dict:
+    """p's AdamW state: torch's optimizers key it by p; torchao's CPUOffloadOptimizer keeps
+    one CPU optimizer per offloaded parameter (keyed by its host copy) and one for the rest."""
+    per_param = getattr(optimizer, "optim_dict", None)
+    if per_param is None:
+        return optimizer.state.get(p, {})
+    if p in per_param:
+        return next(iter(per_param[p].state.values()), {})
+    return optimizer.d_opt.state.get(p, {}) if optimizer.d_opt is not None else {}
+
+
 def _state_sums(model, optimizer) -> dict:
     import torch
     out = {}
     for name, p in model.named_parameters():
         out[name] = _checksum(p)
-        for key, value in optimizer.state.get(p, {}).items():
+        for key, value in _state_of(optimizer, p).items():
             if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
                 out[f"{name}.{key}"] = _checksum(value)
     return out
@@ -108,8 +121,9 @@ def run_one(method: str, args) -> dict:
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config)
     generator = torch.Generator().manual_seed(1)
+    profiled = bool(args.profile) and device.type == "cuda"
     batches = [torch.randint(0, shape["vocab_size"], (1, shape["seq"]), generator=generator)
-               .to(device) for _ in range(args.steps)]
+               .to(device) for _ in range(args.steps + profiled)]
     kind, _, option = method.partition(":")
     fused = device.type == "cuda" or args.tiny
     if kind == "torchao-offload":
@@ -144,22 +158,36 @@ def run_one(method: str, args) -> dict:
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            began = time.perf_counter()
             out = fn()
             end.record()
+            # ms the CPU took to issue the step (its Python, dispatch and the replay's
+            # bookkeeping, waits for the host included): close to step ms, the step is
+            # bound by the CPU, not the GPU or the link
+            result["issue_ms"].append((time.perf_counter() - began) * 1e3)
             torch.cuda.synchronize()
             return out, start.elapsed_time(end)
         began = time.perf_counter()
         out = fn()
         return out, (time.perf_counter() - began) * 1e3
 
-    result = {"method": method, "losses": [], "sums": [], "times_ms": []}
+    result = {"method": method, "losses": [], "sums": [], "times_ms": [], "issue_ms": [],
+              "peaks": []}
     if kind == "spillway-hostadam":
         result.update(result_extra)
     if kind == "torchao-offload":
         result["torchao"] = version
     plan = replay = None
     for k, ids in enumerate(batches):
-        if device.type == "cuda" and k == 2:
+        if k == args.steps:  # the profiled step: after the timed ones, not among them
+            def profiled_step(ids=ids):
+                if replay is None:
+                    return step(ids)
+                with replay.step():
+                    return step(ids)
+            _profile_step(profiled_step, method, args)
+            break
+        if device.type == "cuda" and k >= 2:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         if kind == "none" and k == 1 and device.type != "cuda":
@@ -185,7 +213,7 @@ def run_one(method: str, args) -> dict:
             replay = spillway.trace.replay(recording.trace, plan)
             replay.__enter__()
         elif replay is not None:
-            def replayed():
+            def replayed(ids=ids):
                 with replay.step():
                     return step(ids)
             loss, ms = timed(replayed)
@@ -193,8 +221,10 @@ def run_one(method: str, args) -> dict:
             loss, ms = timed(lambda: step(ids))
         result["losses"].append(loss.float().item())
         result["times_ms"].append(ms)
+        if device.type == "cuda" and k >= 2:
+            result["peaks"].append(torch.cuda.max_memory_allocated())
     if device.type == "cuda":
-        result["peak_bytes"] = torch.cuda.max_memory_allocated()
+        result["peak_bytes"] = max(result["peaks"])  # every step after the first two
     if replay is not None:
         result["replay"] = replay.stats()
         replay.__exit__(None, None, None)  # everything back on the device
@@ -204,8 +234,35 @@ def run_one(method: str, args) -> dict:
                               "host_bytes": f["host_bytes"]}
     result["sums"] = _state_sums(model, optimizer)  # after the last step
     result["rss_bytes"] = _rss_bytes()
-    result["step_ms"] = statistics.median(result["times_ms"][2:] or result["times_ms"])
+    # Steady state: the median over the steps after the first three (plain, recorded,
+    # first replayed: that one makes the pinned host buffers); the third is reported apart.
+    times = result["times_ms"]
+    steady = slice(3, None) if len(times) >= 5 else slice(2, None)
+    result["step_ms"] = statistics.median(times[steady] or times)
+    if result["issue_ms"]:
+        result["issue_step_ms"] = statistics.median(result["issue_ms"][steady] or
+                                                    result["issue_ms"])
+    if len(times) >= 3:
+        result["third_step_ms"] = times[2]
     return result
+
+
+def _profile_step(fn, method: str, args) -> None:
+    """One more step under torch.profiler: its Chrome trace, gzipped, in --profile."""
+    import gzip
+    import shutil
+    import torch
+    out = pathlib.Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    raw = out / f"{method.replace(':', '_').replace('=', '')}.trace.json"
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
 
 
 def main(argv=None) -> int:
@@ -217,6 +274,10 @@ def main(argv=None) -> int:
     parser.add_argument("--min-bytes", type=int, default=1 << 20)
     parser.add_argument("--work", default="/tmp/spillway-t3")
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--profile", help="a directory: one more step of each method under "
+                        "torch.profiler, its Chrome trace gzipped there (CUDA only)")
+    parser.add_argument("--profile-method", action="append", default=[],
+                        help="with --profile: only these methods (default: all)")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     parser.add_argument("--run", help=argparse.SUPPRESS)
@@ -237,6 +298,8 @@ def main(argv=None) -> int:
         command = [sys.executable, __file__, "--run", method, "--steps", str(args.steps),
                    "--device", args.device, "--work", str(work), "--min-bytes",
                    str(args.min_bytes)]
+        if args.profile and (not args.profile_method or method in args.profile_method):
+            command += ["--profile", args.profile]
         if args.tiny:
             command.append("--tiny")
         if reference is not None:
@@ -269,11 +332,12 @@ def main(argv=None) -> int:
 
 
 def _report(results, args, quiet: bool = False) -> None:
-    rows = ["| method | step ms | × none | peak GiB | forecast step / peak | host RSS GiB | "
-            "loss, state == none |", "|---|---|---|---|---|---|---|"]
+    rows = ["| method | step ms | × none | step 3 ms | CPU issue ms | peak GiB | "
+            "forecast step / peak | host RSS GiB | loss, state == none |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            rows.append(f"| {r['method']} | failed | | | | | |")
+            rows.append(f"| {r['method']} | failed | | | | | | | |")
             continue
         f = r.get("forecast")
         forecast = (f"{f['step_ms']:.1f} ms / {f['peak_bytes'] / GIB:.2f} GiB" if f else "")
@@ -281,6 +345,7 @@ def _report(results, args, quiet: bool = False) -> None:
             forecast += (f" (AdamW on the host: {r['host_updates']} ops, "
                          f"{r['host_adamw_gbs']:.0f} GB/s)")
         rows.append(f"| {r['method']} | {r['step_ms']:.1f} | {r.get('vs_none', 1.0):.2f} | "
+                    f"{r.get('third_step_ms', 0):.1f} | {r.get('issue_step_ms', 0):.1f} | "
                     f"{r.get('peak_bytes', 0) / GIB:.2f} | {forecast} | "
                     f"{r['rss_bytes'] / GIB:.2f} | "
                     f"{r.get('losses_equal', True)}, {r.get('state_equal', True)} |")

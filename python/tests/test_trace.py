@@ -436,12 +436,18 @@ def test_replay_runs_adamw_on_the_host_and_stays_exact(fraction):
     assert updated > 0
     replay = spillway.trace.replay(trace, plan)
     moments_away = []
+    count = lambda: sum(opt.state[p]["exp_avg"].untyped_storage().nbytes() == 0  # noqa: E731
+                        for p in params)
+    # Away from the first op of the first replayed step on (the steady state), or that
+    # step would hold every moment on the device until its AdamW op, over the budget.
+    at_forward = []
+    hook = model.model.embed_tokens.register_forward_pre_hook(
+        lambda m, a: at_forward.append(count()))
     with replay:
         for k in range(2, 6):
             with replay.step():
                 loss = _llama_step(model, opt, ids, k)
-            moments_away.append(sum(opt.state[p]["exp_avg"].untyped_storage().nbytes() == 0
-                                    for p in params))
+            moments_away.append(count())
             assert torch.equal(loss, _llama_step(twin, twin_opt, ids, k)), k
             if k % 2:  # reading the state brings it back; the next step takes it away again
                 _same(model, opt, twin, twin_opt)
@@ -449,6 +455,8 @@ def test_replay_runs_adamw_on_the_host_and_stays_exact(fraction):
     assert s["misses"] == 0 and s["steps"] == 4
     assert s["host_updates"] == 4 * updated
     assert min(moments_away) == updated
+    assert at_forward == [updated] * 4, at_forward
+    hook.remove()
     assert s["away"] == 0
     _same(model, opt, twin, twin_opt)
 

@@ -63,7 +63,11 @@ applied a parameter counts as away: an op that touches it waits for the
 update; one on the device then gets the new value by an H2D into its own
 memory (issued as soon as the update is seen done, at any op), one spending
 the wrap on the host is copied back from the master when its copy is
-issued. Every update is applied before step() returns. A divergence waits
+issued. Updates still running when step() returns go on while the next
+step starts (as the simulator has them: a parameter's next use waits for its
+update, and the forward reaches the last layers, whose gradients complete
+first, last); leaving the context or detach() waits for every one, and so
+does anything that touches a parameter, between steps too. A divergence waits
 for the updates and brings everything back (the moments too); the next
 step takes the moments and masters from the device again and reads the
 step counts anew. An AdamW op with AMSGrad, a gradient scaler or a tensor
@@ -73,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 
 import torch
@@ -140,7 +145,9 @@ class Replay(TorchDispatchMode):
         self.max_misses = max_misses
         self._lock = threading.RLock()
         self._stats = {"steps": 0, "misses": 0, "on_demand": 0, "left": 0, "write_backs": 0,
-                       "copies_back": 0, "bytes_d2h": 0, "bytes_h2d": 0, "recorded": 0}
+                       "copies_back": 0, "bytes_d2h": 0, "bytes_h2d": 0, "recorded": 0,
+                       # ms the host AdamW worker computed, and ms the step waited for it
+                       "host_busy_ms": 0.0, "update_wait_ms": 0.0}
         self._entered = False
         self._record_next = False
         self._diverged_in_a_row = 0
@@ -211,7 +218,6 @@ class Replay(TorchDispatchMode):
         self._before, self._write_back, self._leave, self._writes = (
             before, after_write_back, after_leave, writes)
         self._n_ops = n_ops
-        self._primed = False
 
     # ---- the mode ----
 
@@ -271,8 +277,8 @@ class Replay(TorchDispatchMode):
         try:
             yield self
         finally:
-            with self._lock, torch.utils._python_dispatch._disable_current_modes():
-                self._finish_updates()  # every parameter's new value is on its way
+            # Host updates still under way go on into the next step, as the plan has them
+            # (Note [Host updates in replay]).
             with self._lock:
                 self._in_step = False
                 if self._following and self._k != self._n_ops:
@@ -306,17 +312,20 @@ class Replay(TorchDispatchMode):
             self._load(recording.trace, new_plan)
 
     def _prime(self) -> None:
-        """Before the first step (and after one that diverged): what spends the wrap between
-        steps on the host leaves now, as it would have at the end of a step under the plan,
-        so the step starts in the plan's steady state."""
-        if getattr(self, "_primed", False):
-            return
-        self._primed = True
+        """Before each step: what spends the wrap between steps on the host leaves now if it
+        is on the device (the first step, one after a divergence, one after reads between
+        steps brought it back), as at the end of a step under the plan, so the step starts
+        in the plan's steady state; in that state nothing here moves. The moments of the
+        parameters updated on the host go too: they live there, and a first step that held
+        them until its AdamW op would go over the budget."""
+        away = [gap["storage"] for gap in self.plan.get("gaps", []) if gap["wrap"]]
+        for u in self.plan.get("host_updates", []):
+            away.extend(u["states"])
         with torch.utils._python_dispatch._disable_current_modes():
-            for gap in self.plan.get("gaps", []):
-                m = self._moved.get(gap["storage"])
-                ref = self.trace.refs.get(gap["storage"])
-                if not gap["wrap"] or m is None or ref is None or ref() is None:
+            for sid in away:
+                m = self._moved.get(sid)
+                ref = self.trace.refs.get(sid)
+                if m is None or ref is None or ref() is None:
                     continue
                 m.ref = ref
                 self._by_key[ref()._cdata] = m
@@ -458,7 +467,6 @@ class Replay(TorchDispatchMode):
 
     def _diverge(self, why: str) -> None:
         self._following = False
-        self._primed = False
         # From here on writes are not followed: no host copy can be trusted.
         self._finish_updates()
         for m in self._moved.values():
@@ -534,8 +542,10 @@ class Replay(TorchDispatchMode):
                 for event in events:
                     event.synchronize()
                 if self._worker_error is None:
+                    began = time.perf_counter()
                     _host_adamw(self._host_form, p.host, g.host, m1.host, m2.host, hyper, step,
                                 device)
+                    self._stats["host_busy_ms"] += (time.perf_counter() - began) * 1e3
             except BaseException as e:  # reported by the main thread
                 self._worker_error = e
             finally:
@@ -544,7 +554,10 @@ class Replay(TorchDispatchMode):
     def _finish_update(self, m: _Moved) -> None:
         """Waits for the parameter's host update; a parameter on the device gets the new
         value by an H2D (waited for at its next use), one away keeps it in its host copy."""
-        m.update.wait()
+        if not m.update.is_set():  # the step waits for the host: counted
+            began = time.perf_counter()
+            m.update.wait()
+            self._stats["update_wait_ms"] += (time.perf_counter() - began) * 1e3
         m.update = None
         self._updating.discard(m)
         if self._worker_error is not None:
