@@ -260,6 +260,19 @@ TEST(ResidencyHostUpdate, GradientDownUpdateOnTheHostParameterBackInPlace) {
   EXPECT_DOUBLE_EQ(host.step_ms, 9 + 8);
 }
 
+TEST(ResidencyHostUpdate, TheUpdateStartsAtItsOpNotWhenItsGradientLands) {
+  ResidencyModel m = adamw_step(3);
+  m.storages[1] = storage("G", 4 * kMs, {2, 8});  // complete at 2, landed at 7
+  ResidencyPlan plan;
+  plan.host_updated = {0};
+  const ResidencyForecast f = simulate_residency(m, plan, link());
+  // The replay hands the update to its host worker at the op (position 8, reached
+  // at 8 ms): the update runs 8 to 11, P comes back 11 to 15, and the next step
+  // (from 9) waits at 10 for it.
+  EXPECT_DOUBLE_EQ(f.host_busy_ms, 3);
+  EXPECT_DOUBLE_EQ(f.stall_ms, 15 - 10);
+}
+
 TEST(ResidencyHostUpdate, AParameterSpendingTheWrapOnTheHostLeavesWithoutACopy) {
   const ResidencyModel m = adamw_step(3);
   ResidencyPlan plan;

@@ -37,9 +37,11 @@
 // apply_host_updates (their ops cost nothing and use nothing, their states
 // never come to the device, their gradients end at their last write). Then,
 // after the position of a gradient's last write, a D2H takes it to the host
-// (it is freed when that lands, or after its last use if later); when an
-// update's last gradient has landed, the update runs on the host, one update
-// at a time, for its host_ms. Its parameters' host copies are the masters
+// (it is freed when that lands, or after its last use if later). At the
+// position of the update's op (where the replay hands it to its host worker),
+// once the update's last gradient has landed, the update runs on the host, one
+// update at a time in op order, for its host_ms; it may run on into the next
+// step, whose uses of its parameters wait for it. Its parameters' host copies are the masters
 // the update writes, valid at all times, so they leave the device in any gap
 // without a write-back. A parameter that spends the wrap on the device gets
 // its new value by an H2D issued when the update ends; one that spends it on
@@ -341,6 +343,9 @@ class ResidencyReplay {
       const HostUpdate& u = model.host_updates[k];
       const auto index = static_cast<std::int32_t>(updates_.size());
       updates_.push_back(&u);
+      if (u.ops.empty()) residency_bad("host update " + std::to_string(k) + " replaces no op");
+      update_at_.push_back(*std::min_element(u.ops.begin(), u.ops.end()));
+      updates_at_[update_at_.back()].push_back(index);
       for (const std::int32_t g : u.grads) {
         const std::int32_t last_write = gradient_complete_position(model_, u, g);
         if (last_write < 0) {
@@ -421,6 +426,7 @@ class ResidencyReplay {
       }
       reported_ = reported;
       grads_left_.assign(updates_.size(), 0);
+      started_.assign(updates_.size(), false);
       grads_landed_.assign(updates_.size(), 0.0);
       for (std::size_t u = 0; u < updates_.size(); ++u) {
         grads_left_[u] = static_cast<std::int32_t>(updates_[u]->grads.size());
@@ -610,9 +616,14 @@ class ResidencyReplay {
     if (auto it = grad_complete_after_.find(p); it != grad_complete_after_.end()) {
       for (const auto& [u, g] : it->second) grad_complete(u, g, p);
     }
+    if (auto it = updates_at_.find(p); it != updates_at_.end()) {
+      for (const std::int32_t u : it->second) {
+        if (grads_left_[u] == 0 && !started_[u]) start_update(u, p);
+      }
+    }
     if (auto it = param_last_use_.find(p); it != param_last_use_.end()) {
       for (const std::int32_t s : it->second) {
-        if (grads_left_[param_update_.at(s)] > 0) awaiting_update_[s] = true;
+        if (!started_[param_update_.at(s)]) awaiting_update_[s] = true;
       }
     }
     if (auto it = leaves_after_.find(p); it != leaves_after_.end()) {
@@ -656,15 +667,20 @@ class ResidencyReplay {
     h2d_bytes_ += model_.storages[s].bytes;
   }
 
-  // Gradient g of host update u is complete after position p: it goes to the host;
-  // when the update's last one is there, the update runs on the host, then its
-  // parameters come back (in place, or when their copy back is issued).
+  // Gradient g of host update u is complete after position p: it goes to the host.
   void grad_complete(std::int32_t u, std::int32_t g, std::int32_t p) {
     d2h_done_[g] = copy(d2h_, h2d_, now_, model_.storages[g].bytes, false, p);
     d2h_bytes_ += model_.storages[g].bytes;
     grads_landed_[u] = std::max(grads_landed_[u], d2h_done_[g]);
-    if (--grads_left_[u] > 0) return;
-    const double start = std::max(grads_landed_[u], host_free_);
+    if (--grads_left_[u] == 0 && p >= update_at_[u]) start_update(u, p);
+  }
+
+  // Update u is handed to the host at its op's position p (its last gradient
+  // complete): it starts once that gradient has landed and the host is free,
+  // then its parameters come back (in place, or when their copy back is issued).
+  void start_update(std::int32_t u, std::int32_t p) {
+    started_[u] = true;
+    const double start = std::max({grads_landed_[u], host_free_, now_});
     update_end_[u] = start + updates_[u]->host_ms;
     host_free_ = update_end_[u];
     if (reported_) host_busy_ += updates_[u]->host_ms;
@@ -718,6 +734,9 @@ class ResidencyReplay {
   std::set<std::int32_t> update_grad_, host_only_, wrap_gap_;
   std::vector<bool> awaiting_update_;
   std::vector<std::int32_t> grads_left_;
+  std::vector<std::int32_t> update_at_;  // an update's op position: where it is handed over
+  std::map<std::int32_t, std::vector<std::int32_t>> updates_at_;
+  std::vector<bool> started_;
   std::vector<double> grads_landed_, update_end_;
   std::vector<std::vector<std::size_t>> deferred_;
   double host_free_ = 0;

@@ -68,8 +68,8 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     the problem when no plan fits.
 
     host_adamw_gbs: the step's AdamW(fused=True) ops may instead run on the host CPUs
-    (spillway.optim.HostAdamW's update: gradients down once complete, parameters back,
-    the moments on the host for good) at this bandwidth in GB/s, counting 28 bytes per
+    (spillway.optim.HostAdamW's update: gradients down once complete, the update on
+    the host from its AdamW op on, parameters back, the moments on the host for good) at this bandwidth in GB/s, counting 28 bytes per
     element (bench/torch/host_adamw.py measures it); the plan takes that when its
     forecast is faster ("host_updates" lists what it chose); replay() runs such a plan
     (Note [Host updates in replay] in _replay.py).
