@@ -179,7 +179,9 @@ def run_one(method: str, args) -> dict:
         result["torchao"] = version
     plan = replay = None
     for k, ids in enumerate(batches):
-        if k == args.steps:  # the profiled step: after the timed ones, not among them
+        if k == args.steps:  # the profiled step: after the timed ones, not among them,
+            # and after the checksums (the reference took as many steps as were timed)
+            result["sums"] = _state_sums(model, optimizer)
             def profiled_step(ids=ids):
                 if replay is None:
                     return step(ids)
@@ -232,7 +234,8 @@ def run_one(method: str, args) -> dict:
         result["forecast"] = {"step_ms": f["step_ms"], "peak_bytes": f["peak_bytes"],
                               "budget_bytes": plan["budget_bytes"], "gaps": len(plan["gaps"]),
                               "host_bytes": f["host_bytes"]}
-    result["sums"] = _state_sums(model, optimizer)  # after the last step
+    if not result["sums"]:
+        result["sums"] = _state_sums(model, optimizer)  # after the last timed step
     result["rss_bytes"] = _rss_bytes()
     # Steady state: the median over the steps after the first three (plain, recorded,
     # first replayed: that one makes the pinned host buffers); the third is reported apart.

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import subprocess
+import weakref
 
 import pytest
 import torch
@@ -459,6 +460,42 @@ def test_replay_runs_adamw_on_the_host_and_stays_exact(fraction):
     hook.remove()
     assert s["away"] == 0
     _same(model, opt, twin, twin_opt)
+
+
+def test_storages_leave_as_their_write_backs_land_in_stream_order():
+    """The poll at each op looks only at storages still leaving, by the order of their
+    copies on the D2H stream: the first not landed ends it (the copies after it cannot
+    have landed), and each leaves as soon as its copy is seen landed."""
+    from spillway.trace._replay import _Moved
+
+    class Copy:  # a write-back's event, landed when the test says
+        def __init__(self):
+            self.landed = False
+
+        def query(self):
+            return self.landed
+
+    model, opt, twin, twin_opt, ids = _twins()
+    replay = spillway.trace.replay(_recorded(model, opt, twin, twin_opt, ids), 0.5,
+                                   min_bytes=64 << 10)
+    storages = [torch.empty(1024).untyped_storage() for _ in range(3)]
+    moved = []
+    for seq, storage in enumerate(storages):
+        m = _Moved(1000 + seq, storage.nbytes(), f"s{seq}")
+        m.ref, m.host_valid, m.d2h, m.seq = weakref.ref(storage), True, Copy(), seq
+        replay._leave_now(m)
+        moved.append(m)
+    assert [m.state for m in moved] == ["leaving"] * 3
+    moved[1].d2h.landed = True  # cannot land before 0 on one stream: it waits behind it
+    replay._poll()
+    assert [m.state for m in moved] == ["leaving"] * 3
+    moved[0].d2h.landed = True
+    replay._poll()
+    assert [m.state for m in moved] == ["host", "host", "leaving"]
+    assert [s.nbytes() for s in storages] == [0, 0, 4096]
+    moved[2].d2h.landed = True
+    replay._poll()
+    assert moved[2].state == "host" and storages[2].nbytes() == 0 and not replay._leaving
 
 
 def test_host_updates_survive_divergence_and_re_planning():

@@ -75,7 +75,10 @@ lr runs on the device as recorded.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import heapq
+import itertools
 import threading
 import time
 import weakref
@@ -120,7 +123,7 @@ class _Moved:
     """One storage the plan moves: its host buffer, where it is, its copies."""
 
     __slots__ = ("sid", "nbytes", "name", "ref", "host", "host_valid", "state", "d2h", "h2d",
-                 "update", "step")
+                 "update", "step", "seq")
 
     def __init__(self, sid: int, nbytes: int, name: str):
         self.sid, self.nbytes, self.name = sid, nbytes, name
@@ -132,6 +135,7 @@ class _Moved:
         self.h2d = None          # the copy back's event (CUDA)
         self.update = None       # a parameter's host update under way (threading.Event)
         self.step = None         # a parameter's AdamW step count, as the host update counts
+        self.seq = -1            # its write-back's place on the D2H stream (-1: another stream)
 
 
 class Replay(TorchDispatchMode):
@@ -158,6 +162,15 @@ class Replay(TorchDispatchMode):
         self._by_key: dict[int, _Moved] = {}  # storage key -> the moved storage it is
         self._names: dict = {}  # OpOverload -> its name, as the trace spells it
         self._updating: set = set()  # parameters whose host update is under way or unapplied
+        # Polled at every op, so queues rather than scans of everything away: storages
+        # leaving before their write-back landed, by the order of their copies on the D2H
+        # stream (they land in that order: the first not landed ends the poll), those
+        # whose copy ran on another stream, and parameters whose host update is done.
+        self._leaving: list = []  # heap of (D2H sequence number, push count, _Moved)
+        self._pushes = itertools.count()
+        self._leaving_other: list = []
+        self._d2h_seq = 0
+        self._updated: collections.deque = collections.deque()
         self._jobs = None  # the host updates' worker: a queue, made at the first
         self._worker_error: BaseException | None = None
         self._in_step = False
@@ -355,13 +368,13 @@ class Replay(TorchDispatchMode):
             # allocator would round to a power of two), waited for on the compute stream.
             from spillway import ops
             m.host = ops.wait_tensor(ops.offload(source, exact=True), keepalive=source)
-            m.d2h = None
+            m.d2h, m.seq = None, -1
             if storage.device.type == "cuda":  # for a host reader (the host update)
                 m.d2h = torch.cuda.Event()
                 m.d2h.record(torch.cuda.current_stream(storage.device))
         elif streams is None:
             m.host.copy_(source)
-            m.d2h = None
+            m.d2h, m.seq = None, -1
         else:
             d2h = streams[0]
             d2h.wait_stream(torch.cuda.current_stream(storage.device))
@@ -369,6 +382,7 @@ class Replay(TorchDispatchMode):
                 m.host.copy_(source, non_blocking=True)
                 m.d2h = torch.cuda.Event()
                 m.d2h.record(d2h)
+            m.seq, self._d2h_seq = self._d2h_seq, self._d2h_seq + 1
         m.host_valid = True
         self._stats["write_backs"] += 1
         self._stats["bytes_d2h"] += m.nbytes
@@ -385,6 +399,11 @@ class Replay(TorchDispatchMode):
         m.state = "leaving"
         self._off[storage._cdata] = m
         self._poll_one(m, storage)
+        if m.state == "leaving":
+            if m.seq >= 0:
+                heapq.heappush(self._leaving, (m.seq, next(self._pushes), m))
+            else:
+                self._leaving_other.append(m)
 
     def _poll_one(self, m: _Moved, storage) -> None:
         if m.state == "leaving" and (m.d2h is None or m.d2h.query()):
@@ -394,16 +413,28 @@ class Replay(TorchDispatchMode):
             self._stats["left"] += 1
 
     def _poll(self) -> None:
-        if self._updating:
-            for m in [m for m in self._updating if m.update.is_set()]:
+        updated = self._updated
+        while updated:
+            m = updated.popleft()
+            # Finished already (an op waited for it), or updated again since: skipped.
+            if m in self._updating and m.update is not None and m.update.is_set():
                 self._finish_update(m)
-        if not self._off:
-            return
-        for m in list(self._off.values()):
-            if m.state == "leaving":
+        leaving = self._leaving
+        while leaving:
+            seq, _, m = leaving[0]
+            if m.state == "leaving" and m.seq == seq:  # else: stale, it came back or left anew
                 storage = self._storage(m)
                 if storage is not None:
                     self._poll_one(m, storage)
+                    if m.state == "leaving":
+                        break  # its copy has not landed, nor have those after it
+            heapq.heappop(leaving)
+        if self._leaving_other:
+            for m in self._leaving_other:
+                storage = self._storage(m)
+                if m.state == "leaving" and storage is not None:
+                    self._poll_one(m, storage)
+            self._leaving_other = [m for m in self._leaving_other if m.state == "leaving"]
 
     def _issue(self, m: _Moved, resize: bool = True) -> None:
         storage = self._storage(m)
@@ -550,6 +581,7 @@ class Replay(TorchDispatchMode):
                 self._worker_error = e
             finally:
                 p.update.set()
+                self._updated.append(p)
 
     def _finish_update(self, m: _Moved) -> None:
         """Waits for the parameter's host update; a parameter on the device gets the new
