@@ -162,8 +162,9 @@ def run_one(method: str, args) -> dict:
             out = fn()
             end.record()
             # ms the CPU took to issue the step (its Python, dispatch and the replay's
-            # bookkeeping, waits for the host included): close to step ms, the step is
-            # bound by the CPU, not the GPU or the link
+            # bookkeeping, waits for the host included): close to step ms, the CPU never
+            # ran ahead (bound by the CPU, or blocked by a full launch queue: a profile
+            # tells which)
             result["issue_ms"].append((time.perf_counter() - began) * 1e3)
             torch.cuda.synchronize()
             return out, start.elapsed_time(end)
@@ -210,11 +211,14 @@ def run_one(method: str, args) -> dict:
                 from spillway.optim import measure_host_adamw_gbs
                 gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs()
             plan = spillway.trace.plan(recording.trace, int(budget), min_bytes=args.min_bytes,
-                                       host_adamw_gbs=gbs)
+                                       host_adamw_gbs=gbs, live_bytes=True)
             result["host_updates"] = len(plan["host_updates"])
             replay = spillway.trace.replay(recording.trace, plan)
             replay.__enter__()
         elif replay is not None:
+            if k == args.steps - 1:  # the last timed step: allocated bytes at every op
+                replay.watch_memory()
+
             def replayed(ids=ids):
                 with replay.step():
                     return step(ids)
@@ -229,6 +233,7 @@ def run_one(method: str, args) -> dict:
         result["peak_bytes"] = max(result["peaks"])  # every step after the first two
     if replay is not None:
         result["replay"] = replay.stats()
+        result["memory"] = _memory_against_forecast(replay, plan)
         replay.__exit__(None, None, None)  # everything back on the device
         f = plan["forecast"]
         result["forecast"] = {"step_ms": f["step_ms"], "peak_bytes": f["peak_bytes"],
@@ -248,6 +253,28 @@ def run_one(method: str, args) -> dict:
     if len(times) >= 3:
         result["third_step_ms"] = times[2]
     return result
+
+
+def _memory_against_forecast(replay, plan) -> dict:
+    """The last timed step's allocated bytes before each op against the simulator's live
+    bytes at that op: where the measured peak is, where the forecast's is, the ops where
+    measured exceeds forecast most, and both every 100 ops (GiB)."""
+    watched = replay.memory_by_op()
+    forecast = plan["forecast"].get("live_bytes")
+    if not watched or not forecast:
+        return {}
+    rows = [(k, pos, target, got, forecast[pos]) for k, pos, target, got in watched]
+    top = max(rows, key=lambda r: r[3])
+    top_forecast = max(rows, key=lambda r: r[4])
+    worst = sorted(rows, key=lambda r: r[4] - r[3])[:10]
+
+    def row(r):
+        return {"op": r[0], "position": r[1], "target": r[2], "measured_gib": r[3] / GIB,
+                "forecast_gib": r[4] / GIB}
+    return {"measured_peak": row(top), "forecast_peak": row(top_forecast),
+            "most_over": [row(r) for r in worst],
+            "every_100_ops": [[r[0], round(r[3] / GIB, 3), round(r[4] / GIB, 3)]
+                              for r in rows[::100]]}
 
 
 def _profile_step(fn, method: str, args) -> None:

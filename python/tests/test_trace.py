@@ -408,11 +408,20 @@ def test_replay_under_a_plan_is_exact_and_really_moves_storages(fraction):
         lambda m, a: away_in_forward.append(len(replay._off)))
     with replay:
         for k in range(2, 6):
+            if k == 5:
+                replay.watch_memory()
             with replay.step():
                 loss = _llama_step(model, opt, ids, k)
             assert torch.equal(loss, _llama_step(twin, twin_opt, ids, k)), k
             _same(model, opt, twin, twin_opt)  # reads bring what is away back
     hook.remove()
+    # One entry per op of the watched step, at the trace's position of that op (the
+    # bytes are the CUDA allocator's: 0 here).
+    nodes = trace.graph["nodes"]
+    ops = [p for p, n in enumerate(nodes) if n["kind"] == "call_function"]
+    watched = replay.memory_by_op()
+    assert [(k, pos) for k, pos, _, _ in watched] == list(enumerate(ops))
+    assert all(target == nodes[pos]["target"] for _, pos, target, _ in watched)
     s = replay.stats()
     assert s["misses"] == 0 and s["steps"] == 4
     assert s["left"] >= 4 * len(plan["storages"]) // 2 and s["copies_back"] > 0

@@ -174,6 +174,8 @@ class Replay(TorchDispatchMode):
         self._jobs = None  # the host updates' worker: a queue, made at the first
         self._worker_error: BaseException | None = None
         self._in_step = False
+        self._watching = False
+        self._memory: list = []
         self._load(trace, plan)
 
     # ---- the plan as per-op actions ----
@@ -270,6 +272,18 @@ class Replay(TorchDispatchMode):
     def stats(self) -> dict:
         return dict(self._stats, away=len(self._off))
 
+    def watch_memory(self, on: bool = True) -> None:
+        """From the next step on (until turned off), the bytes the CUDA caching allocator
+        holds allocated just before each op of the step are recorded: memory_by_op()."""
+        self._watching = on
+
+    def memory_by_op(self) -> list[tuple[int, int, str, int]]:
+        """The last watched step, one entry per op it ran under the plan: (op index, the
+        op's position in the trace's graph, its target, bytes allocated before it; 0 on a
+        CPU device). Beside plan(..., live_bytes=True)["forecast"]["live_bytes"][position],
+        it shows where the measured memory leaves the simulated."""
+        return list(self._memory)
+
     @contextlib.contextmanager
     def step(self):
         """One training step under the plan (or recorded again: rerecord(), or after
@@ -287,6 +301,8 @@ class Replay(TorchDispatchMode):
             self._refs: list = []
             self._next_sid = 0
             self._in_step = True
+            if self._watching:
+                self._memory = []
         try:
             yield self
         finally:
@@ -669,6 +685,9 @@ class Replay(TorchDispatchMode):
                     self._issue(m)
         if bring or not (following and k in self._host_ops):
             self._bring_inputs(inputs, following, k, keyed)
+        if following and self._watching:  # after its copies back, before its outputs
+            allocated = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else 0
+            self._memory.append((k, self._op_pos[k], target, allocated))
         return following, k
 
     def _bring_inputs(self, inputs: list, following: bool, k: int, keyed=None) -> None:
