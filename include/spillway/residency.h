@@ -37,7 +37,7 @@ struct ResidencyStorage {
 
 // A device optimizer step that may run on the host instead (ZeRO-Offload's
 // choice; spillway.optim.HostAdamW runs it, Note [Host AdamW]): its gradients
-// go to the host once complete (at their last write before `ops`), the update
+// go to the host once complete (after their last use before `ops`), the update
 // runs on the host CPUs, and the new parameters come back by H2D; the state
 // it updates (moments, step counts) lives on the host for good and the ops
 // take no device time. A parameter so updated always has a valid host copy
@@ -86,14 +86,16 @@ inline constexpr double kHostAdamWBytesPerElement = 28;
 int add_host_update_candidates(const Graph& graph, ResidencyModel& model, double host_gbs);
 
 // The position after which gradient `grad` (a storage index) of host update
-// `u` is complete: its last write before the update's ops (the same in the
-// model and in the one apply_host_updates leaves), or -1 when there is none.
+// `u` is complete and leaves for the host: its last use before the update's
+// ops (its last write, then the views autograd takes of it; the same in the
+// model and in the one apply_host_updates leaves), or -1 when it is never
+// written before them.
 std::int32_t gradient_complete_position(const ResidencyModel& model, const HostUpdate& u,
                                         std::int32_t grad);
 
 // The model as the chosen host updates (indices into model.host_updates)
 // leave it: their ops take no time and use nothing, their states have no
-// uses (they live on the host), their gradients' uses after their last write
+// uses (they live on the host), their gradients' uses after their last use
 // before the ops are gone. Positions are unchanged. A gap's `after` in a plan
 // with host updates counts the uses of this model. Throws InvalidArgument on
 // an index out of range or the same update twice.

@@ -273,6 +273,13 @@ TEST(ResidencyHostUpdate, TheUpdateStartsAtItsOpNotWhenItsGradientLands) {
   EXPECT_DOUBLE_EQ(f.stall_ms, 15 - 10);
 }
 
+TEST(ResidencyHostUpdate, AGradientIsCompleteAfterTheViewsTakenOfItNotAtItsLastWrite) {
+  ResidencyModel m = adamw_step(3);
+  m.storages[1] = storage("G", 4 * kMs, {6, 7, 8}, {true, false, false});  // a view at 7
+  EXPECT_EQ(gradient_complete_position(m, m.host_updates[0], 1), 7);
+  EXPECT_EQ(apply_host_updates(m, {0}).storages[1].uses, (std::vector<std::int32_t>{6, 7}));
+}
+
 TEST(ResidencyHostUpdate, AParameterSpendingTheWrapOnTheHostLeavesWithoutACopy) {
   const ResidencyModel m = adamw_step(3);
   ResidencyPlan plan;

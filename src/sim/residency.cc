@@ -35,14 +35,14 @@
 //
 // Host updates (the plan's host_updated): the model is first rewritten by
 // apply_host_updates (their ops cost nothing and use nothing, their states
-// never come to the device, their gradients end at their last write). Then,
-// after the position of a gradient's last write, a D2H takes it to the host
-// (it is freed when that lands, or after its last use if later). At the
-// position of the update's op (where the replay hands it to its host worker),
-// once the update's last gradient has landed, the update runs on the host, one
-// update at a time in op order, for its host_ms; it may run on into the next
-// step, whose uses of its parameters wait for it. Its parameters' host copies are the masters
-// the update writes, valid at all times, so they leave the device in any gap
+// never come to the device, their gradients end at their last use before the
+// update: gradient_complete_position). Then, after that position, a D2H takes
+// it to the host (it is freed when that lands). At the position of the
+// update's op (where the replay hands it to its host worker), once the
+// update's last gradient has landed, the update runs on the host, one update
+// at a time in op order, for its host_ms; it may run on into the next step,
+// whose uses of its parameters wait for it. Its parameters' host copies are
+// the masters the update writes, valid at all times, so they leave the device in any gap
 // without a write-back. A parameter that spends the wrap on the device gets
 // its new value by an H2D issued when the update ends; one that spends it on
 // the host is copied back when its copy is issued, but not before the update
@@ -253,11 +253,16 @@ int add_host_update_candidates(const Graph& graph, ResidencyModel& model, double
 std::int32_t gradient_complete_position(const ResidencyModel& model, const HostUpdate& u, std::int32_t grad) {
   const ResidencyStorage& st = model.storages.at(grad);
   const std::int32_t first_op = *std::min_element(u.ops.begin(), u.ops.end());
-  std::int32_t last_write = -1;
+  std::int32_t last_write = -1, last_use = -1;
   for (std::size_t j = 0; j < st.uses.size(); ++j) {
-    if (st.uses[j] < first_op && st.writes[j]) last_write = st.uses[j];
+    if (st.uses[j] >= first_op) break;
+    last_use = st.uses[j];
+    if (st.writes[j]) last_write = st.uses[j];
   }
-  return last_write;
+  // Not its last write: autograd takes views of a gradient after writing it (a
+  // weight's is made transposed), and a view of a storage that is away brings
+  // it back in the replay. It leaves after the last op that touches it.
+  return last_write < 0 ? -1 : last_use;
 }
 
 ResidencyModel apply_host_updates(const ResidencyModel& model, const std::vector<std::int32_t>& chosen) {
@@ -287,9 +292,9 @@ ResidencyModel apply_host_updates(const ResidencyModel& model, const std::vector
     };
     for (std::int32_t s : u.states) drop(s, [](std::int32_t) { return true; });
     for (std::int32_t s : u.grads) {
-      // Complete at its last write before the update: what follows is the update's.
-      const std::int32_t last_write = gradient_complete_position(model, u, s);
-      drop(s, [&](std::int32_t p) { return p > last_write && (p >= first_op || ops.count(p) > 0); });
+      // Complete at its last use before the update: what follows is the update's.
+      const std::int32_t complete = gradient_complete_position(model, u, s);
+      drop(s, [&](std::int32_t p) { return p > complete && (p >= first_op || ops.count(p) > 0); });
     }
   }
   // Every storage's uses of the replaced ops (the parameters', a step count's).

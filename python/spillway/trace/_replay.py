@@ -171,6 +171,7 @@ class Replay(TorchDispatchMode):
         self._leaving_other: list = []
         self._d2h_seq = 0
         self._updated: collections.deque = collections.deque()
+        self._dead: collections.deque = collections.deque()  # (key, _Moved) of dead storages
         self._jobs = None  # the host updates' worker: a queue, made at the first
         self._worker_error: BaseException | None = None
         self._in_step = False
@@ -429,6 +430,13 @@ class Replay(TorchDispatchMode):
             self._stats["left"] += 1
 
     def _poll(self) -> None:
+        dead = self._dead
+        while dead:
+            key, m = dead.popleft()
+            if self._off.get(key) is m:
+                del self._off[key]
+            if self._by_key.get(key) is m:
+                del self._by_key[key]
         updated = self._updated
         while updated:
             m = updated.popleft()
@@ -657,9 +665,21 @@ class Replay(TorchDispatchMode):
                     for stale in [k for k, v in self._off.items() if v is m]:
                         del self._off[stale]
                     m.state, m.host_valid, m.d2h, m.h2d = "device", False, None, None
-                m.ref = weakref.ref(storage)
+                m.ref = weakref.ref(storage, self._forget(m, key))
                 self._by_key[key] = m
         return sid
+
+    def _forget(self, m: _Moved, key: int):
+        """A weakref callback: the storage died away (a gradient zero_grad let go of while
+        its bytes were on the host), so its key, which a new storage may reuse, must no
+        longer name it (nothing would come back into the new one, but it would count as
+        a fetch and stay in what each op looks through). The callback runs in whichever
+        thread let go, the autograd engine's too: it only queues; the next poll forgets."""
+        dead = self._dead
+
+        def forget(_ref):
+            dead.append((key, m))
+        return forget
 
     def _before_op(self, target: str, inputs: list, bring: bool = True) -> tuple[bool, int]:
         """What happens before op k: the divergence check on its target, the numbering
