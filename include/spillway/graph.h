@@ -205,6 +205,11 @@ struct Node {
   // saved (torch.utils.checkpoint's MUST_RECOMPUTE / PREFER_RECOMPUTE, FX
   // meta["recompute"]): planners leave its value to the recomputation.
   bool recompute = false;
+  // Appended after format v1's first release (absent: empty). Storage ids of
+  // values that were freed right after this node ran, as a recorded step saw
+  // them go (a gradient that zero_grad let go of, long after its last use):
+  // the residency model keeps such a storage until then.
+  std::vector<std::int64_t> frees;
 
   // Calls fn(NodeId) for every node reference in args then kwargs, in order,
   // descending into lists. A node referenced twice is visited twice.

@@ -33,6 +33,10 @@ struct ResidencyStorage {
   // ascending, and for each whether it writes.
   std::vector<std::int32_t> uses;
   std::vector<bool> writes;
+  // Made in the step: the position after which the recorded step freed it
+  // (Node::frees), when later than its last use; -1: after its last use.
+  std::int32_t freed_after = -1;
+  friend bool operator==(const ResidencyStorage&, const ResidencyStorage&) = default;
 };
 
 // A device optimizer step that may run on the host instead (ZeRO-Offload's

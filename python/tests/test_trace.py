@@ -75,6 +75,40 @@ def test_a_recorded_training_step_is_a_graph_in_three_phases(llama_step):
     assert all(storage_of[name] in written for name, _ in model.named_parameters())
 
 
+def test_each_free_is_recorded_where_it_happened(llama_step):
+    """A storage made in the step and freed is in the `frees` of the node after which it
+    went, and only there; the gradients go with zero_grad, well after their last use
+    (each one's AdamW update): the residency model keeps them until then."""
+    _, _, trace = llama_step
+    nodes = trace.graph["nodes"]
+    freed = {}
+    for position, node in enumerate(nodes):
+        for sid in node.get("frees", []):
+            assert sid not in freed, sid
+            freed[sid] = position
+    made = {sid: info for sid, info in trace.storages.items() if info.created_at >= 0}
+    assert freed == {sid: info.freed_at for sid, info in made.items()
+                     if info.freed_at is not None}
+    storage_of = {n["id"]: n["value"].get("storage") for n in nodes}
+    last_use = {}
+
+    def read(arg, position):
+        if isinstance(arg, list):
+            for a in arg:
+                read(a, position)
+        elif isinstance(arg, dict) and "node" in arg:
+            last_use[storage_of[arg["node"]]] = position
+    for position, node in enumerate(nodes):
+        read(node["args"], position)
+        read(list(node["kwargs"].values()), position)
+    grads = {n["value"]["storage"] for n in nodes if n["kind"] == "call_function"
+             and n["phase"] == "backward" and n["target"] == "aten.mm.default"}
+    # The weights' gradients: freed with zero_grad, ops after the optimizer last read them.
+    late = [sid for sid in grads if sid in freed and freed[sid] > last_use[sid] + 1
+            and nodes[freed[sid]]["phase"] == "optimizer"]
+    assert len(late) >= 2 * 7, late
+
+
 def itertools_groupby(values):
     import itertools
     return itertools.groupby(values)
@@ -229,7 +263,9 @@ def wider_step():
     return recording.trace
 
 
-@pytest.mark.parametrize("fraction", [0.75, 0.5, 0.35, 0.2])
+# Not 0.2: the gradients live from backward until zero_grad, and none may leave in
+# between without a host update (a plain plan has no gap after a last use).
+@pytest.mark.parametrize("fraction", [0.75, 0.5, 0.35, 0.3])
 def test_the_residency_plan_of_a_recorded_step_fits_its_budget(wider_step, fraction):
     plan = spillway.trace.plan(wider_step, fraction, min_bytes=64 << 10)
     forecast, unplanned = plan["forecast"], plan["unplanned"]

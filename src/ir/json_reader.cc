@@ -292,6 +292,10 @@ class Reader {
         if (!value.is_null()) node.time_ms = number_of(value, path);
       } else if (key == "recompute") {
         node.recompute = bool_of(value, path);
+      } else if (key == "frees") {
+        Json& list = array_of(value, path);
+        node.frees.reserve(list.size());
+        for (std::size_t i = 0; i < list.size(); ++i) node.frees.push_back(int_of(list[i], path.index(i)));
       } else {
         unknown_field(path, "a node");
       }

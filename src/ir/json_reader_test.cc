@@ -194,6 +194,8 @@ TEST(JsonReader, RejectsWrongJsonTypesForEveryNodeField) {
       {"/nodes/2/value", R"("tensor")", "[graph] node 2 (mm_1): field 'value': expected an object, got a string"},
       {"/nodes/2/time_ms", R"("fast")", "[graph] node 2 (mm_1): field 'time_ms': expected a number, got a string"},
       {"/nodes/2/recompute", "1", "[graph] node 2 (mm_1): field 'recompute': expected a boolean, got an integer"},
+      {"/nodes/2/frees", "3", "[graph] node 2 (mm_1): field 'frees': expected an array, got an integer"},
+      {"/nodes/2/frees", "[1.5]", "[graph] node 2 (mm_1): field 'frees[0]': expected an integer, got a non-integer number"},
       {"/nodes/2/value/type", "3", "[graph] node 2 (mm_1): field 'value.type': expected a string, got an integer"},
       {"/nodes/2/value/dtype", "4", "[graph] node 2 (mm_1): field 'value.dtype': expected a string, got an integer"},
       {"/nodes/2/value/element_size", "4.0", "[graph] node 2 (mm_1): field 'value.element_size': expected an integer, got a non-integer number"},

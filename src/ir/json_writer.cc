@@ -140,6 +140,7 @@ Json node_json(const Node& node) {
   out["value"] = value_json(node.value);
   if (node.time_ms) out["time_ms"] = *node.time_ms;
   if (node.recompute) out["recompute"] = true;
+  if (!node.frees.empty()) out["frees"] = node.frees;
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "spillway/error.h"
+#include "spillway/graph.h"
 #include "spillway/residency.h"
 #include "testing/graph_builder.h"
 #include "testing/test_link.h"
@@ -49,6 +50,43 @@ std::string error_of(const ResidencyModel& model, const ResidencyPlan& plan) {
     return e.what();
   }
   return "";
+}
+
+// A storage the recorded step freed after its last use (Node::frees: a
+// gradient zero_grad lets go of) is live until then; a free at or before its
+// last use changes nothing.
+TEST(ResidencyModel, AStorageFreedAfterItsLastUseLivesUntilThen) {
+  testing::GraphBuilder b("step");
+  auto w = b.input("w", b.tensor({1000, 500}));
+  auto x = b.input("x", b.tensor({1000, 500}));
+  auto a = b.named("act").call("aten.mm.default", {x, w}, b.tensor({1000, 500}));  // 2
+  auto c = b.named("c").call("aten.mm.default", {a, w}, b.tensor({1000, 500}));    // 3
+  auto d = b.named("d").call("aten.mm.default", {x, w}, b.tensor({1000, 500}));    // 4
+  auto e = b.named("e").call("aten.mm.default", {x, w}, b.tensor({1000, 500}));    // 5
+  b.output({c, d, e});
+  Graph graph = b.build();
+  const ResidencyModel plain = residency_model(graph, link());
+  std::int64_t act = -1;
+  for (const ResidencyStorage& s : plain.storages) {
+    if (s.name == "act") act = s.id;
+  }
+  ASSERT_GE(act, 0);
+  graph.nodes[2].frees = {act};  // at its making: nothing later than its last use
+  EXPECT_EQ(residency_model(graph, link()).storages, plain.storages);
+  graph.nodes[2].frees.clear();
+  graph.nodes[4].frees = {act};
+  EXPECT_EQ(parse_graph(write_graph(graph)), graph);
+  const ResidencyModel late = residency_model(graph, link());
+  std::int32_t freed_after = -1;
+  for (const ResidencyStorage& s : late.storages) {
+    if (s.id == act) freed_after = s.freed_after;
+  }
+  EXPECT_EQ(freed_after, 4);
+  const ResidencyForecast before = simulate_residency(plain, {}, link());
+  const ResidencyForecast after = simulate_residency(late, {}, link());
+  EXPECT_EQ(after.live_bytes[3], before.live_bytes[3]);
+  EXPECT_EQ(after.live_bytes[4], before.live_bytes[4] + 1'000'000);  // still there at 4
+  EXPECT_EQ(after.live_bytes[5], before.live_bytes[5]);               // gone after it
 }
 
 TEST(ResidencyModel, ReadsUsesWritesAndLifetimesFromAGraph) {

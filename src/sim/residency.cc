@@ -27,7 +27,9 @@
 //       device, at once when its host copy is valid and landed, else when
 //       its write-back lands (1). A storage never written gets its host copy
 //       once, when the plan is made, not in every step. A storage made in the step and not kept
-//       is freed after its last use; a kept one at the end of the step.
+//       is freed after its last use, or where the recorded step freed it when
+//       that was later (a gradient zero_grad lets go of); a kept one at the
+//       end of the step.
 // A copy that overlaps a copy of the other direction runs at the duplex rate
 // for the whole of it (conservative). Placeholders' storages begin the first
 // step on the device with no host copy, unless their wrap gap is planned:
@@ -180,6 +182,16 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
       use(s, pos, written.count(id) > 0 || !existed);  // making a storage writes it
     }
   }
+  // Freed later than its last use (Node::frees): alive until then.
+  for (std::size_t p = 0; p < n; ++p) {
+    for (const std::int64_t id : graph.nodes[p].frees) {
+      const auto it = index.find(id);
+      if (it == index.end()) continue;
+      ResidencyStorage& st = model.storages[it->second];
+      if (st.across_steps || st.uses.empty() || st.uses.back() >= static_cast<std::int32_t>(p)) continue;
+      st.freed_after = std::max(st.freed_after, static_cast<std::int32_t>(p));
+    }
+  }
   for (std::size_t s = 0; s < model.storages.size(); ++s) {
     model.storages[s].bytes = round_allocation(extent[s], cost.profile());
   }
@@ -295,6 +307,7 @@ ResidencyModel apply_host_updates(const ResidencyModel& model, const std::vector
       // Complete at its last use before the update: what follows is the update's.
       const std::int32_t complete = gradient_complete_position(model, u, s);
       drop(s, [&](std::int32_t p) { return p > complete && (p >= first_op || ops.count(p) > 0); });
+      out.storages[s].freed_after = -1;  // it leaves for the host once complete
     }
   }
   // Every storage's uses of the replaced ops (the parameters', a step count's).
@@ -721,7 +734,9 @@ class ResidencyReplay {
     for (std::size_t s = 0; s < model_.storages.size(); ++s) {
       const ResidencyStorage& st = model_.storages[s];
       for (std::int32_t p : st.uses) uses_by_position_[p].push_back(s);
-      if (!st.across_steps && !st.kept && !st.uses.empty()) last_by_position_[st.uses.back()].push_back(s);
+      if (!st.across_steps && !st.kept && !st.uses.empty()) {
+        last_by_position_[std::max(st.uses.back(), st.freed_after)].push_back(s);
+      }
     }
   }
 

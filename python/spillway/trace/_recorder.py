@@ -12,8 +12,9 @@ read a recorded step as they read an exported joint graph:
   first time a tensor in it is seen, so views, in-place writes and `out=`
   results share the id of their base. A weak reference to the storage (torch
   keeps one Python object per live storage) retires the id when the storage is
-  freed, with the position of the op after which that happened, so an address
-  the allocator hands out again gets an id of its own.
+  freed, with the position of the op after which that happened (that node's
+  `frees`: the residency model keeps a storage alive until then), so an
+  address the allocator hands out again gets an id of its own.
 - An op's args name the nodes that produced its inputs: the node that last
   produced a tensor of the same storage, offset, sizes, strides and dtype, or
   else the last node that produced anything in that storage (a read of the
@@ -402,6 +403,12 @@ class Recorder(TorchDispatchMode):
                 for node_id, start, end in self._events:
                     self.nodes[node_id]["time_ms"] = max(0.0, start.elapsed_time(end))
                 self._events = []
+            # Where each storage made in the step went (the node's "frees"): a gradient
+            # zero_grad lets go of lives on long after its last use.
+            for sid in sorted(self.storages):
+                info = self.storages[sid]
+                if info.created_at >= 0 and info.freed_at is not None and info.freed_at >= 0:
+                    self.nodes[info.freed_at].setdefault("frees", []).append(sid)
             retained = [sid for sid, info in self.storages.items()
                         if info.freed_at is None and info.created_at >= 0
                         and sid in self._last]
