@@ -16,7 +16,7 @@ import torch
 
 from spillway import ops
 from spillway.optim import ARITHMETICS, HostAdamW, probe_adamw
-from spillway.optim._probe import host_update
+from spillway.optim._probe import device_powers, host_update, powers
 from _models import deterministic_cuda, tiny_llama
 
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and ops.cuda_built()),
@@ -220,6 +220,16 @@ def test_bad_arguments_are_refused_with_their_name():
         torch.ops.spillway.adamw_update_(torch.zeros(4, dtype=torch.float64), torch.zeros(4),
                                          torch.zeros(4), torch.zeros(4), 1e-3, 0.9, 0.999, 1e-8,
                                          0.0, False, 0.9, 0.999, 0, 1)
+
+
+@pytest.mark.parametrize("arithmetic", ARITHMETICS)
+def test_powers_made_a_block_of_steps_at_a_time_are_those_of_each_step(arithmetic):
+    """device_powers makes 1024 steps' bias-correction powers per round trip to the
+    device (a lone one waited 200 ms behind T3's offloads): the same bits as one step's,
+    across block boundaries, far steps and a step that is not whole."""
+    for step in (0, 1, 2, 1023, 1024, 1025, 2 ** 20 + 5, 7.5):
+        assert device_powers(arithmetic, 0.9, 0.999, step, torch.device("cpu")) == \
+            powers(arithmetic, 0.9, 0.999, step, torch.device("cpu")), step
 
 
 def test_the_probe_names_where_each_form_differs_from_the_devices_optimizer():

@@ -18,6 +18,7 @@ The powers beta**step in the bias corrections come from the device as well
 from __future__ import annotations
 
 import functools
+import threading
 import math
 
 import torch
@@ -48,36 +49,62 @@ def powers(arithmetic: str, beta1: float, beta2: float, step: float,
     """beta1**step and beta2**step as the device kernel of `arithmetic` computes them:
     in double (cuda-fused-double) or in float (cuda-fused-float), with the step read as
     a float, by the device's own pow."""
-    step32 = float(torch.tensor(step, dtype=torch.float32))
+    return _powers_of(arithmetic, beta1, beta2, [step], device)[0]
+
+
+def _powers_of(arithmetic: str, beta1: float, beta2: float, steps: list[float],
+               device) -> list[tuple[float, float]]:
+    """powers() at each of `steps`, read back from the device at once. Each step's pow
+    runs on the same two-element tensors as it always did (a longer tensor could take
+    another code path, a vectorised one on a CPU), so the bits are those of one step."""
+    step32 = torch.tensor(steps, dtype=torch.float32).tolist()
     dtype = torch.float64 if arithmetic == ARITHMETICS[0] else torch.float32
     base = torch.tensor([beta1, beta2], dtype=dtype, device=device)
     # A tensor exponent of the same shape: the elementwise pow kernel, not a
     # special case for scalar exponents such as 2.
-    exponent = torch.full((2,), step32, dtype=dtype, device=device)
-    p1, p2 = torch.pow(base, exponent).tolist()
-    return p1, p2
+    out = [torch.pow(base, torch.full((2,), s, dtype=dtype, device=device)) for s in step32]
+    return [tuple(p) for p in torch.stack(out).tolist()]
 
 
+# Steps' powers are made this many at a time: each making is a round trip to the
+# device, and on a busy link its small copies wait behind gigabytes of offloads (the
+# T3 profile: 200 ms for one).
+_POWERS_BLOCK = 1024
 _side_streams: dict = {}
-
-
-@functools.lru_cache(maxsize=256)
-def _powers_once(arithmetic: str, beta1: float, beta2: float, step: float,
-                 device: str) -> tuple[float, float]:
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return powers(arithmetic, beta1, beta2, step, dev)
-    stream = _side_streams.setdefault(device, torch.cuda.Stream(dev))
-    with torch.cuda.device(dev), torch.cuda.stream(stream):
-        return powers(arithmetic, beta1, beta2, step, dev)
+_blocks: dict = {}
+_blocks_lock = threading.Lock()
 
 
 def device_powers(arithmetic: str, beta1: float, beta2: float, step: float,
                   device: torch.device) -> tuple[float, float]:
-    """powers(), once per value (a step's parameters share it). On CUDA on a side stream
-    of its own: torch's compute stream is the legacy default stream, which a small op
-    issued there from a host-update worker would wait behind."""
-    return _powers_once(arithmetic, float(beta1), float(beta2), float(step), str(device))
+    """powers() from a cache that holds them for whole blocks of whole steps, made on a
+    side stream of the device's own (torch's compute stream is the legacy default
+    stream, which a small op issued there from a host-update worker would wait behind).
+    A step that is not a whole number is computed alone."""
+    step = float(step)
+    if step != int(step) or step < 0:
+        return _powers_on_side_stream(arithmetic, beta1, beta2, [step], str(device))[0]
+    first = int(step) // _POWERS_BLOCK * _POWERS_BLOCK
+    key = (arithmetic, float(beta1), float(beta2), str(device), first)
+    with _blocks_lock:
+        block = _blocks.get(key)
+        if block is None:
+            block = _blocks[key] = _powers_on_side_stream(
+                arithmetic, float(beta1), float(beta2),
+                [float(s) for s in range(first, first + _POWERS_BLOCK)], str(device))
+            if len(_blocks) > 64:
+                _blocks.pop(next(iter(_blocks)))
+    return block[int(step) - first]
+
+
+def _powers_on_side_stream(arithmetic: str, beta1: float, beta2: float, steps: list[float],
+                           device: str) -> list[tuple[float, float]]:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return _powers_of(arithmetic, beta1, beta2, steps, dev)
+    stream = _side_streams.setdefault(device, torch.cuda.Stream(dev))
+    with torch.cuda.device(dev), torch.cuda.stream(stream):
+        return _powers_of(arithmetic, beta1, beta2, steps, dev)
 
 
 def host_update(arithmetic: str, param: torch.Tensor, grad: torch.Tensor,
