@@ -365,12 +365,12 @@ class ResidencyReplay {
       update_at_.push_back(*std::min_element(u.ops.begin(), u.ops.end()));
       updates_at_[update_at_.back()].push_back(index);
       for (const std::int32_t g : u.grads) {
-        const std::int32_t last_write = gradient_complete_position(model_, u, g);
-        if (last_write < 0) {
+        const std::int32_t complete = gradient_complete_position(model_, u, g);
+        if (complete < 0) {
           residency_bad("host update " + std::to_string(k) + ": gradient " + model_.storages[g].name +
                         " is never written");
         }
-        grad_complete_after_[last_write].push_back({index, g});
+        grad_complete_after_[complete].push_back({index, g});
         update_grad_.insert(g);
       }
       for (const std::int32_t s : u.params) {

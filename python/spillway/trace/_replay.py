@@ -234,6 +234,10 @@ class Replay(TorchDispatchMode):
         self._before, self._write_back, self._leave, self._writes = (
             before, after_write_back, after_leave, writes)
         self._n_ops = n_ops
+        # What spends the wrap between steps on the host (_prime), made once per plan.
+        self._away_between_steps = [gap["storage"] for gap in plan.get("gaps", []) if gap["wrap"]]
+        for u in plan.get("host_updates", []):
+            self._away_between_steps.extend(u["states"])
 
     # ---- the mode ----
 
@@ -348,11 +352,8 @@ class Replay(TorchDispatchMode):
         in the plan's steady state; in that state nothing here moves. The moments of the
         parameters updated on the host go too: they live there, and a first step that held
         them until its AdamW op would go over the budget."""
-        away = [gap["storage"] for gap in self.plan.get("gaps", []) if gap["wrap"]]
-        for u in self.plan.get("host_updates", []):
-            away.extend(u["states"])
         with torch.utils._python_dispatch._disable_current_modes():
-            for sid in away:
+            for sid in self._away_between_steps:
                 m = self._moved.get(sid)
                 ref = self.trace.refs.get(sid)
                 if m is None or ref is None or ref() is None:
