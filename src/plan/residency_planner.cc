@@ -38,11 +38,13 @@
 // quarters of them, in the order their gradients complete (the last layers'
 // first: their updates overlap the rest of backward, and their parameters
 // are needed last in the next forward). A choice per parameter is left for
-// later: each choice is a whole gap search.
+// later: each choice is a whole gap search (the choices run on threads of
+// their own).
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <future>
 #include <limits>
 #include <optional>
 #include <set>
@@ -404,11 +406,21 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
       choices.push_back(std::move(chosen));
     }
   }
+  // Each choice is planned on its own thread (the simulator is pure): on T3's step a
+  // choice takes tens of seconds. The results are taken in the choices' order, so the
+  // answer is the one a single thread gives.
+  std::vector<std::future<ResidencyResult>> planned;
+  planned.reserve(choices.size());
+  for (const auto& host : choices) {
+    planned.push_back(std::async(std::launch::async, [&model, &host, &options, &cost] {
+      return plan_with_host_updates(model, host, options, cost);
+    }));
+  }
   std::optional<ResidencyResult> best;
   std::optional<InvalidArgument> refused;
-  for (const auto& host : choices) {
+  for (auto& future : planned) {
     try {
-      ResidencyResult r = plan_with_host_updates(model, host, options, cost);
+      ResidencyResult r = future.get();
       if (!best || r.forecast.step_ms < best->forecast.step_ms - 1e-9) best = std::move(r);
     } catch (const InvalidArgument& e) {
       refused = e;  // the last choice's (with host updates, the lower peak) is the one to report
