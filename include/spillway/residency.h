@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spillway/graph.h"
@@ -138,6 +139,11 @@ struct ResidencyForecast {
   std::int64_t host_bytes = 0;  // pinned host memory the plan needs
   double host_busy_ms = 0;      // the host CPUs running optimizer updates
   std::vector<std::int64_t> live_bytes;  // per position, as at the peak
+  // (storage index, position): a storage freed once its D2H landed, before the
+  // op at that position allocates (step (1) of Note [Residency replay]). The
+  // replay waits for a copy still under way there, so memory stays within the
+  // forecast even when the real copy is late.
+  std::vector<std::pair<std::int32_t, std::int32_t>> landed;
   // With record_timeline: one point per position (node = the graph node's id,
   // times from the step's start; categories: a placeholder's storage on the
   // device is kInputs, one made in the step kTemporaries, one brought back

@@ -81,8 +81,13 @@ json residency_json(const ResidencyModel& original, const ResidencyResult& resul
     storages[std::to_string(st.id)] = {{"name", st.name}, {"bytes", st.bytes}, {"uses", st.uses},
                                        {"writes", writes}, {"across_steps", st.across_steps}};
   }
+  // Where the forecast frees a storage whose write-back landed: the replay waits there
+  // for a copy still under way (ResidencyForecast::landed).
+  json landed = json::array();
+  for (const auto& [s, p] : result.forecast.landed) landed.push_back({model.storages[s].id, p});
   return {{"budget_bytes", budget_bytes},
           {"candidates", result.candidates},
+          {"landed", landed},
           {"host_update_candidates", original.host_updates.size()},
           {"host_updates", host_updates},
           {"unplanned", residency_forecast_json(model, result.unplanned)},

@@ -181,6 +181,8 @@ TEST(ResidencyReplay, AnActivationLeavesOnceItsCopyLandsAndReturnsBeforeItsReade
   // D2H during op 1 (1 ms): a is freed when op 2 starts; back from op 7 (lead 2).
   const ResidencyForecast f = simulate_residency(m, {{{0, 0, 2}}}, link());
   EXPECT_EQ(f.live_bytes, (std::vector<std::int64_t>{kMs, kMs, 0, 0, 0, kMs, 0, kMs, kMs, kMs}));
+  // Where it is freed is named: the replay waits there for a copy that is late.
+  EXPECT_EQ(f.landed, (std::vector<std::pair<std::int32_t, std::int32_t>>{{0, 2}}));
   EXPECT_DOUBLE_EQ(f.step_ms, 10.0);
   EXPECT_EQ(f.bytes_d2h, kMs);
   EXPECT_EQ(f.bytes_h2d, kMs);

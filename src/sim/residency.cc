@@ -559,6 +559,7 @@ class ResidencyReplay {
     // (1) Frees of storages whose D2H has landed.
     for (auto it = pending_free_.begin(); it != pending_free_.end();) {
       if (d2h_done_[*it] <= now_) {
+        if (reported) out.landed.emplace_back(static_cast<std::int32_t>(*it), p);
         recategorise(*it, own_category(*it));
         release(*it);
         it = pending_free_.erase(it);
