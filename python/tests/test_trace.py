@@ -281,6 +281,10 @@ def test_the_residency_plan_of_a_recorded_step_fits_its_budget(wider_step, fract
     assert forecast["host_bytes"] == sum(moved.values())
     # On a CPU-timed trace the ops are slow against the H200's link: copies hide.
     assert forecast["step_ms"] <= 1.01 * unplanned["step_ms"]
+    # Where a storage leaving before its write-back landed is freed, as the forecast has
+    # it (the replay waits there for a late copy): moved storages only.
+    n = len(wider_step.graph["nodes"])
+    assert all(sid in moved and 0 <= pos < n for sid, pos in plan["landed"])
 
 
 def test_each_budget_gets_a_plan_within_it(wider_step):
@@ -442,7 +446,13 @@ def test_replay_under_a_plan_is_exact_and_really_moves_storages(fraction):
     away_in_forward = []
     hook = model.model.layers[2].register_forward_pre_hook(
         lambda m, a: away_in_forward.append(len(replay._off)))
+    wraps = {g["storage"] for g in plan["gaps"] if g["wrap"]}
+    assert wraps
     with replay:
+        # Entering takes the plan's residency between steps: what spends the wrap on the
+        # host is there before the first step starts (freed, not just copied).
+        assert replay.stats()["away"] == len(wraps)
+        assert all(replay.trace.refs[sid]().nbytes() == 0 for sid in wraps)
         for k in range(2, 6):
             if k == 5:
                 replay.watch_memory()
@@ -751,6 +761,35 @@ def test_an_opaque_region_replays_as_one_op_each_way_and_allocating_inside_is_no
             a = step(model, opt)
         assert torch.equal(a, step(twin, twin_opt))
         assert replay.stats()["misses"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device-check)")
+def test_cuda_recorded_times_are_the_gpus_not_the_launches():
+    """An op's time_ms is its GPU time: a view launches no kernel and takes none (before
+    the sleep ahead of each start event, views measured 15 to 20 us, the launch), and
+    the step's recorded times add up to its kernels' time, give or take 3 us an op."""
+    from _models import deterministic_cuda
+    with deterministic_cuda():
+        model, ids = tiny_llama(10, layers=4, hidden=512, intermediate=1408, vocab=2048, seq=256)
+        model, ids = model.cuda(), ids.cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        for _ in range(2):
+            _llama_step(model, opt, ids, 0)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            _llama_step(model, opt, ids, 0)
+            torch.cuda.synchronize()
+        gpu_ms = sum(e.device_time_total for e in prof.key_averages()) / 1e3
+        with spillway.trace.record(model, opt) as r:
+            _llama_step(model, opt, ids, 0)
+    ops = [n for n in r.trace.graph["nodes"] if n["kind"] == "call_function"]
+    views = sorted(n["time_ms"] for n in ops if n["target"] in ("aten.view.default",
+                                                                 "aten.t.default"))
+    recorded_ms = sum(n["time_ms"] for n in ops)
+    print(f"{len(views)} views, median {views[len(views) // 2] * 1e3:.1f} us; recorded "
+          f"{recorded_ms:.2f} ms against the profiler's kernels {gpu_ms:.2f} ms")
+    assert views and views[len(views) // 2] < 0.005
+    assert recorded_ms < 1.5 * gpu_ms + 0.003 * len(ops)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device-check)")

@@ -27,7 +27,11 @@ storage's new memory is allocated in its order), then copies back. The
 compute stream waits for a storage's H2D event before the op that needs it,
 and for its D2H event before an op that writes it. A storage leaves once its
 write-back has landed (polled at each op), as the simulator has it; one that
-is needed again before that keeps its memory.
+is needed again before that keeps its memory. Where the forecast has the
+write-back landed and the storage freed (the plan's "landed"), the replay
+waits for a copy still under way: a copy later than forecast, or a CPU that
+runs ahead of the GPU and allocates for later ops, would otherwise hold
+memory the plan gave away (T3 at 75 % went 2.4 % over its budget so).
 
 Storages are numbered by first appearance, as the recorder numbered them, so
 the trace's storage ids name the same storages in every step. An op whose
@@ -141,6 +145,14 @@ class _Moved:
 class Replay(TorchDispatchMode):
     """Steps under a residency plan (Note [Replay]); made by spillway.trace.replay()."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, a Python frame
+        # and an eval-frame swap on every op: 12 of the 40 us a planned op cost on the
+        # CI machine's CPU. Dynamo never traces this mode: it runs eager steps only (a
+        # compiled region's kernels are no aten ops it could follow).
+        return False
+
     def __init__(self, trace, plan: dict, *, budget=None, max_misses: int = 3,
                  min_bytes: int = 1 << 20, device_profile=None, host_adamw_gbs=None):
         super().__init__()
@@ -151,7 +163,9 @@ class Replay(TorchDispatchMode):
         self._stats = {"steps": 0, "misses": 0, "on_demand": 0, "left": 0, "write_backs": 0,
                        "copies_back": 0, "bytes_d2h": 0, "bytes_h2d": 0, "recorded": 0,
                        # ms the host AdamW worker computed, and ms the step waited for it
-                       "host_busy_ms": 0.0, "update_wait_ms": 0.0}
+                       "host_busy_ms": 0.0, "update_wait_ms": 0.0,
+                       # waits for write-backs the forecast has landed (_wait_landed)
+                       "landing_waits": 0, "landing_wait_ms": 0.0}
         self._entered = False
         self._record_next = False
         self._diverged_in_a_row = 0
@@ -233,6 +247,16 @@ class Replay(TorchDispatchMode):
             self._host_form = _host_form(trace, plan)
         self._before, self._write_back, self._leave, self._writes = (
             before, after_write_back, after_leave, writes)
+        # Where the forecast has a write-back landed and its storage freed: before that
+        # op the replay waits for a copy still under way (a late copy would otherwise
+        # keep memory the plan has given to the op's allocations).
+        self._landed = [[] for _ in range(n_ops)]
+        for sid, pos in plan.get("landed", []):
+            if sid in self._moved:
+                self._landed[index_of[pos]].append(sid)
+        # Most ops have nothing to do after them: one test skips the four lists.
+        self._acts_after = [bool(writes[k] or after_write_back[k] or after_leave[k] or
+                                 self._grad_done[k]) for k in range(n_ops)]
         self._n_ops = n_ops
         # What spends the wrap between steps on the host (_prime), made once per plan.
         self._away_between_steps = [gap["storage"] for gap in plan.get("gaps", []) if gap["wrap"]]
@@ -244,6 +268,16 @@ class Replay(TorchDispatchMode):
     def __enter__(self):
         if _active:
             raise RuntimeError("[replay] a replay is already active")
+        # The step's state takes the plan's residency between steps now, not at the first
+        # step: from here on the device holds what the plan has it hold. A failure
+        # (pinned memory exhausted) brings back what left: nothing is lost.
+        with self._lock:
+            try:
+                self._prime()
+            except BaseException:
+                self._bring_all_back()
+                self._drain()
+                raise
         _active.append(self)
         self._entered = True
         return super().__enter__()
@@ -352,6 +386,7 @@ class Replay(TorchDispatchMode):
         in the plan's steady state; in that state nothing here moves. The moments of the
         parameters updated on the host go too: they live there, and a first step that held
         them until its AdamW op would go over the budget."""
+        sent = []
         with torch.utils._python_dispatch._disable_current_modes():
             for sid in self._away_between_steps:
                 m = self._moved.get(sid)
@@ -360,7 +395,18 @@ class Replay(TorchDispatchMode):
                     continue
                 m.ref = ref
                 self._by_key[ref()._cdata] = m
+                if m.state == "device" and ref().nbytes():
+                    sent.append(m)
                 self._leave_now(m)
+        # What left is gone before the step allocates: else the step's first ops, issued
+        # while those copies are still under way, take memory the plan has free (the
+        # first replayed step went 9 GiB over a T3 budget).
+        for m in sent:
+            if m.state == "leaving" and m.d2h is not None:
+                m.d2h.synchronize()
+            storage = self._storage(m)
+            if storage is not None:
+                self._poll_one(m, storage)
 
     # ---- copies ----
 
@@ -687,7 +733,8 @@ class Replay(TorchDispatchMode):
         of its inputs, the copies back due, and every input storage that is away back
         (unless `bring` is False: an op run on the host instead, which reads the host
         copies)."""
-        self._poll()
+        if self._dead or self._updated or self._leaving or self._leaving_other:
+            self._poll()
         in_step = self._in_step
         following = in_step and self._following
         k = self._k if in_step else -1
@@ -697,9 +744,13 @@ class Replay(TorchDispatchMode):
             following = False
         keyed = [_key(t) for t in inputs]  # each input's storage, found once
         if in_step:
+            ids = self._ids
             for t, kk in zip(inputs, keyed):
-                self._sid(t, kk)
-        if following:
+                if kk[0] is not None and kk[0] not in ids:
+                    self._sid(t, kk)
+        if following and self._landed[k]:
+            self._wait_landed(k)
+        if following and self._before[k]:
             for sid in self._before[k]:
                 m = self._moved.get(sid)
                 if m is not None:
@@ -710,6 +761,23 @@ class Replay(TorchDispatchMode):
             allocated = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else 0
             self._memory.append((k, self._op_pos[k], target, allocated))
         return following, k
+
+    def _wait_landed(self, k: int) -> None:
+        """Storages the forecast has freed before op k, their write-backs landed: one
+        still leaving is waited for and let go now (counted in landing_waits)."""
+        for sid in self._landed[k]:
+            m = self._moved[sid]
+            if m.state != "leaving":
+                continue
+            storage = self._storage(m)
+            if storage is None:
+                continue
+            if m.d2h is not None and not m.d2h.query():
+                began = time.perf_counter()
+                m.d2h.synchronize()
+                self._stats["landing_waits"] += 1
+                self._stats["landing_wait_ms"] += (time.perf_counter() - began) * 1e3
+            self._poll_one(m, storage)
 
     def _bring_inputs(self, inputs: list, following: bool, k: int, keyed=None) -> None:
         """Nothing reads a storage while it is away. An op the plan does not follow
@@ -737,13 +805,13 @@ class Replay(TorchDispatchMode):
         if following and self._following:
             expected = self._expected[k][1]
             if len(outputs) != len(expected) or any(
-                    sid != e[1] or tuple(t.shape) != e[0]
+                    sid != e[1] or t.shape != e[0]  # a torch.Size is a tuple
                     for t, sid, e in zip(outputs, sids, expected)):
                 shapes = [tuple(t.shape) for t in outputs]
                 self._diverge(f"op {k} ({target}): outputs {shapes} in storages {sids}, the "
                               f"trace's {[e[0] for e in expected]} in {[e[1] for e in expected]}")
                 following = False
-        if following and self._following:
+        if following and self._following and self._acts_after[k]:
             for sid in self._writes[k]:
                 self._moved[sid].host_valid = False
             for sid in self._write_back[k]:
@@ -780,10 +848,16 @@ class Replay(TorchDispatchMode):
             self._after_op(target, _tensors(out, []), following, k)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        inputs = _tensors(args, [])
+        inputs = []
+        for a in args:  # _tensors(args), without a call for the common flat case
+            if isinstance(a, _Tensor):
+                inputs.append(a)
+            elif isinstance(a, (list, tuple, dict)):
+                _tensors(a, inputs)
         if kwargs:
             _tensors(kwargs, inputs)
+        else:
+            kwargs = {}
         name = self._names.get(func)
         if name is None:
             name = self._names[func] = str(func)
