@@ -122,9 +122,13 @@ def run_one(method: str, args) -> dict:
         model = transformers.LlamaForCausalLM(config)
     generator = torch.Generator().manual_seed(1)
     profiled = bool(args.profile) and device.type == "cuda"
-    batches = [torch.randint(0, shape["vocab_size"], (1, shape["seq"]), generator=generator)
-               .to(device) for _ in range(args.steps + profiled)]
     kind, _, option = method.partition(":")
+    # After the timed steps, untimed: one watched step under a replay (its allocated bytes
+    # before every op, read through the allocator's statistics at some 150 us per op),
+    # then the profiled one.
+    watched = kind == "spillway"
+    batches = [torch.randint(0, shape["vocab_size"], (1, shape["seq"]), generator=generator)
+               .to(device) for _ in range(args.steps + watched + profiled)]
     fused = device.type == "cuda" or args.tiny
     if kind == "torchao-offload":
         sys.path.insert(0, os.environ["SPILLWAY_T3_TORCHAO_DIR"])
@@ -180,9 +184,16 @@ def run_one(method: str, args) -> dict:
         result["torchao"] = version
     plan = replay = None
     for k, ids in enumerate(batches):
-        if k == args.steps:  # the profiled step: after the timed ones, not among them,
-            # and after the checksums (the reference took as many steps as were timed)
+        if k == args.steps:  # the untimed steps, after the checksums (the reference took
+            # as many steps as were timed)
             result["sums"] = _state_sums(model, optimizer)
+        if k == args.steps and watched and replay is not None:
+            replay.watch_memory()
+            with replay.step():
+                step(ids)
+            replay.watch_memory(False)
+            continue
+        if k >= args.steps:  # the profiled step
             def profiled_step(ids=ids):
                 if replay is None:
                     return step(ids)
@@ -210,15 +221,18 @@ def run_one(method: str, args) -> dict:
             if host == "host":  # AdamW may run on the host: at the speed measured here
                 from spillway.optim import measure_host_adamw_gbs
                 gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs()
+            if args.save_trace:  # for planning it elsewhere: spillway simulate, plan()
+                out = pathlib.Path(args.save_trace)
+                out.mkdir(parents=True, exist_ok=True)
+                spillway.trace.save(recording.trace, out / "t3-trace.json.zst")
+            began = time.perf_counter()
             plan = spillway.trace.plan(recording.trace, int(budget), min_bytes=args.min_bytes,
                                        host_adamw_gbs=gbs, live_bytes=True)
+            result["plan_s"] = time.perf_counter() - began
             result["host_updates"] = len(plan["host_updates"])
             replay = spillway.trace.replay(recording.trace, plan)
             replay.__enter__()
         elif replay is not None:
-            if k == args.steps - 1:  # the last timed step: allocated bytes at every op
-                replay.watch_memory()
-
             def replayed(ids=ids):
                 with replay.step():
                     return step(ids)
@@ -256,7 +270,7 @@ def run_one(method: str, args) -> dict:
 
 
 def _memory_against_forecast(replay, plan) -> dict:
-    """The last timed step's allocated bytes before each op against the simulator's live
+    """The watched step's allocated bytes before each op against the simulator's live
     bytes at that op: where the measured peak is, where the forecast's is, the ops where
     measured exceeds forecast most, and both every 100 ops (GiB)."""
     watched = replay.memory_by_op()
@@ -308,6 +322,8 @@ def main(argv=None) -> int:
                         "torch.profiler, its Chrome trace gzipped there (CUDA only)")
     parser.add_argument("--profile-method", action="append", default=[],
                         help="with --profile: only these methods (default: all)")
+    parser.add_argument("--save-trace", help="a directory: the recorded step of the first "
+                        "spillway method lands there as t3-trace.json.zst")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     parser.add_argument("--run", help=argparse.SUPPRESS)
@@ -323,7 +339,7 @@ def main(argv=None) -> int:
                               "spillway:budget=0.35", "spillway:budget=0.2"]
     if methods[0] != "none":
         methods = ["none", *methods]
-    results, reference = [], None
+    results, reference, saved = [], None, False
     for method in methods:
         command = [sys.executable, __file__, "--run", method, "--steps", str(args.steps),
                    "--device", args.device, "--work", str(work), "--min-bytes",
@@ -332,6 +348,9 @@ def main(argv=None) -> int:
             command += ["--profile", args.profile]
         if args.tiny:
             command.append("--tiny")
+        if args.save_trace and method.startswith("spillway:") and not saved:
+            command += ["--save-trace", args.save_trace]
+            saved = True
         if reference is not None:
             command += ["--reference-peak", str(reference.get("peak_bytes") or
                                                  reference["simulated_peak_bytes"])]
@@ -357,8 +376,12 @@ def main(argv=None) -> int:
         results.append(r)
         _report(results, args, quiet=True)  # what ran so far survives a run cut short
     _report(results, args)
-    return 0 if all("error" not in r and r.get("state_equal", True) and
-                    r.get("losses_equal", True) for r in results) else 1
+    # torchao's CPUOffloadOptimizer runs torch's CPU AdamW, whose arithmetic is not the
+    # GPU's: it is not expected to match (its row says so).
+    return 0 if all("error" not in r and (r["method"].startswith("torchao") or
+                                          (r.get("state_equal", True) and
+                                           r.get("losses_equal", True)))
+                    for r in results) else 1
 
 
 def _report(results, args, quiet: bool = False) -> None:
