@@ -127,7 +127,7 @@ class _Moved:
     """One storage the plan moves: its host buffer, where it is, its copies."""
 
     __slots__ = ("sid", "nbytes", "name", "ref", "host", "host_valid", "state", "d2h", "h2d",
-                 "update", "step", "seq")
+                 "read", "update", "step", "seq")
 
     def __init__(self, sid: int, nbytes: int, name: str):
         self.sid, self.nbytes, self.name = sid, nbytes, name
@@ -136,7 +136,9 @@ class _Moved:
         self.host_valid = False
         self.state = "device"    # device, leaving (write-back under way), host, coming
         self.d2h = None          # the write-back's event (CUDA), None when done
-        self.h2d = None          # the copy back's event (CUDA)
+        self.h2d = None          # the copy back's event (CUDA), until the compute stream waits
+        self.read = None         # the last copy back's event, kept: a host update that
+        #                          writes the host buffer waits for it (CUDA)
         self.update = None       # a parameter's host update under way (threading.Event)
         self.step = None         # a parameter's AdamW step count, as the host update counts
         self.seq = -1            # its write-back's place on the D2H stream (-1: another stream)
@@ -538,6 +540,7 @@ class Replay(TorchDispatchMode):
                 target.copy_(m.host, non_blocking=True)
                 m.h2d = torch.cuda.Event()
                 m.h2d.record(h2d)
+                m.read = m.h2d
         m.state = "coming"
         self._stats["copies_back"] += 1
         self._stats["bytes_h2d"] += m.nbytes
@@ -611,7 +614,11 @@ class Replay(TorchDispatchMode):
                 if not p.host_valid:  # the master is taken again from the device
                     self._write_back_now(p, self._storage(p))
                 p.step = float(steps[i].item()) if p.step is None else p.step + 1
-                events = [e for e in (g.d2h, p.d2h, m1.d2h, m2.d2h) if e is not None]
+                # The copies into the buffers it reads, and the last copy out of the master
+                # it writes: the compute stream waited for that one, the host did not (a
+                # parameter brought back for a backward use after its gradient completed
+                # may still be copying when the update starts).
+                events = [e for e in (g.d2h, p.d2h, m1.d2h, m2.d2h, p.read) if e is not None]
                 p.update = threading.Event()
                 self._updating.add(p)
                 key, _ = _key(params[i])
