@@ -287,6 +287,27 @@ def test_the_residency_plan_of_a_recorded_step_fits_its_budget(wider_step, fract
     assert all(sid in moved and 0 <= pos < n for sid, pos in plan["landed"])
 
 
+def test_a_budget_in_bytes_leaves_room_for_what_the_trace_does_not_account_for(wider_step):
+    """The recorder notes what the CUDA allocator held beyond the step's storages (cuBLAS
+    workspaces: T3's peaks were the forecast's plus 65.1 MiB); a budget in bytes plans
+    the step into what is left, and the peaks reported count them."""
+    import copy as copy_module
+    plain = spillway.trace.plan(wider_step, 0.6, min_bytes=64 << 10)
+    budget = plain["budget_bytes"]
+    graph = copy_module.deepcopy(wider_step.graph)
+    extra = budget // 10
+    graph["metadata"]["untracked_bytes"] = str(extra)
+    plan = spillway.trace.plan(graph, budget, min_bytes=64 << 10, live_bytes=True)
+    assert plan["untracked_bytes"] == extra and plan["budget_bytes"] == budget
+    assert plan["forecast"]["peak_bytes"] <= budget
+    assert plan["unplanned"]["peak_bytes"] == plain["unplanned"]["peak_bytes"] + extra
+    assert min(plan["forecast"]["live_bytes"]) >= extra
+    # More moves than with the whole budget for the step.
+    assert plan["forecast"]["host_bytes"] >= plain["forecast"]["host_bytes"]
+    with pytest.raises(ValueError, match=r"leaves nothing for the step"):
+        spillway.trace.plan(graph, extra, min_bytes=64 << 10)
+
+
 def test_each_budget_gets_a_plan_within_it(wider_step):
     """Greedy plans need not be monotone (one may overshoot its budget more than a
     tighter one does), but each fits its own budget, as simulated."""
@@ -767,7 +788,7 @@ def test_an_opaque_region_replays_as_one_op_each_way_and_allocating_inside_is_no
 def test_cuda_recorded_times_are_the_gpus_not_the_launches():
     """An op's time_ms is its GPU time: a view launches no kernel and takes none (before
     the sleep ahead of each start event, views measured 15 to 20 us, the launch), and
-    the step's recorded times add up to its kernels' time, give or take 3 us an op."""
+    the step's recorded times add up to its kernels' time and the gaps between them."""
     from _models import deterministic_cuda
     with deterministic_cuda():
         model, ids = tiny_llama(10, layers=4, hidden=512, intermediate=1408, vocab=2048, seq=256)
@@ -789,7 +810,14 @@ def test_cuda_recorded_times_are_the_gpus_not_the_launches():
     print(f"{len(views)} views, median {views[len(views) // 2] * 1e3:.1f} us; recorded "
           f"{recorded_ms:.2f} ms against the profiler's kernels {gpu_ms:.2f} ms")
     assert views and views[len(views) // 2] < 0.005
-    assert recorded_ms < 1.5 * gpu_ms + 0.003 * len(ops)
+    # What the allocator held beyond the step's storages (cuBLAS workspaces) is noted.
+    untracked = int(r.trace.graph["metadata"]["untracked_bytes"])
+    print(f"untracked {untracked / 2**20:.1f} MiB")
+    assert 0 <= untracked < 1 << 30
+    # The GPU's own gap between one kernel and the next counts, the profiler's kernel
+    # times leave it out: on the H200, 9.45 ms recorded for 3.12 ms of kernels in 1175
+    # ops, 5.4 us an op (before the sleep, a view alone took 15 to 20).
+    assert recorded_ms < 1.5 * gpu_ms + 0.008 * len(ops)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device-check)")

@@ -62,7 +62,9 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     everything on the device.
 
     budget: bytes (int), a fraction of the step's own simulated peak (0 < float <= 1),
-    or text ("12GiB", "800MiB", "60%"). device_profile: a path or dict (docs/
+    or text ("12GiB", "800MiB", "60%"). A budget in bytes (an int) counts what the allocator
+    held that the trace does not account for (its metadata's untracked_bytes: cuBLAS
+    workspaces...; "untracked_bytes" in the result), as the measured peak does. device_profile: a path or dict (docs/
     device-profile.md); default the shipped H200's. strategy: "greedy", or "exact"
     (every subset of the candidate gaps; small traces only). Raises ValueError naming
     the problem when no plan fits.
@@ -81,23 +83,42 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     graph = trace.graph if isinstance(trace, Trace) else trace
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
         raise TypeError(f"[trace] budget must be bytes, a fraction or text, got {budget!r}")
+    # Bytes the allocator held that no storage of the step accounts for (cuBLAS's
+    # workspaces...: Recorder metadata): a budget in bytes leaves room for them.
+    untracked = int(graph.get("metadata", {}).get("untracked_bytes", 0))
     if isinstance(budget, float):
         if not 0 < budget <= 1:
             raise ValueError(f"[trace] a fractional budget must be in (0, 1], got {budget}")
         budget = f"{budget * 100:.6f}%"
+        untracked = 0  # a fraction of the simulated peak, which leaves them out too
     elif isinstance(budget, int):
         if budget <= 0:
             raise ValueError(f"[trace] budget must be > 0 bytes, got {budget}")
-        budget = str(budget)
+        if budget <= untracked:
+            raise ValueError(f"[trace] a budget of {budget} bytes leaves nothing for the step: "
+                             f"{untracked} bytes the step does not account for (cuBLAS "
+                             f"workspaces, tensors it never touched) are allocated already")
+        budget = str(budget - untracked)
+    else:
+        untracked = 0
     if host_adamw_gbs is not None and (isinstance(host_adamw_gbs, bool) or
                                        not isinstance(host_adamw_gbs, (int, float)) or
                                        not host_adamw_gbs > 0):
         raise ValueError(f"[trace] host_adamw_gbs must be a number of GB/s > 0, got "
                          f"{host_adamw_gbs!r}")
-    return json.loads(_C.plan_residency(
+    result = json.loads(_C.plan_residency(
         json.dumps(graph), budget, device_profile_json=device_profile_json(device_profile, "trace"),
         min_bytes=min_bytes, strategy=strategy, live_bytes=live_bytes,
         host_adamw_gbs=float(host_adamw_gbs or 0)))
+    # The budget and peaks as the device sees them, the untracked bytes included.
+    result["untracked_bytes"] = untracked
+    if untracked:
+        result["budget_bytes"] += untracked
+        for forecast in (result["forecast"], result["unplanned"]):
+            forecast["peak_bytes"] += untracked
+            if "live_bytes" in forecast:
+                forecast["live_bytes"] = [b + untracked for b in forecast["live_bytes"]]
+    return result
 
 
 def replay(trace, plan_or_budget, *, max_misses: int = 3, min_bytes: int = 1 << 20,
