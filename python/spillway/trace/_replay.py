@@ -71,7 +71,11 @@ issued. Updates still running when step() returns go on while the next
 step starts (as the simulator has them: a parameter's next use waits for its
 update, and the forward reaches the last layers, whose gradients complete
 first, last); leaving the context or detach() waits for every one, and so
-does anything that touches a parameter, between steps too. A divergence waits
+does anything that touches a parameter, between steps too. The worker waits
+for the copies into the buffers it reads and for the last copy out of the
+master it writes (the compute stream waited for that one, the host not); a
+copy into or out of a gradient's or moment's buffer waits for the update
+that uses it (a moment read between steps). A divergence waits
 for the updates and brings everything back (the moments too); the next
 step takes the moments and masters from the device again and reads the
 step counts anew. An AdamW op with AMSGrad, a gradient scaler or a tensor
@@ -127,7 +131,7 @@ class _Moved:
     """One storage the plan moves: its host buffer, where it is, its copies."""
 
     __slots__ = ("sid", "nbytes", "name", "ref", "host", "host_valid", "state", "d2h", "h2d",
-                 "read", "update", "step", "seq")
+                 "read", "update", "step", "seq", "owner")
 
     def __init__(self, sid: int, nbytes: int, name: str):
         self.sid, self.nbytes, self.name = sid, nbytes, name
@@ -142,6 +146,8 @@ class _Moved:
         self.update = None       # a parameter's host update under way (threading.Event)
         self.step = None         # a parameter's AdamW step count, as the host update counts
         self.seq = -1            # its write-back's place on the D2H stream (-1: another stream)
+        self.owner = None        # a gradient's or moment's parameter, whose host update
+        #                          reads or writes its host buffer
 
 
 class Replay(TorchDispatchMode):
@@ -425,6 +431,7 @@ class Replay(TorchDispatchMode):
             storage, 0, (storage.nbytes(),))
 
     def _write_back_now(self, m: _Moved, storage) -> None:
+        self._wait_owner(m)
         m.nbytes = storage.nbytes()
         source = self._bytes_of(storage)
         streams = self._copy_streams(storage.device)
@@ -509,10 +516,18 @@ class Replay(TorchDispatchMode):
                     self._poll_one(m, storage)
             self._leaving_other = [m for m in self._leaving_other if m.state == "leaving"]
 
+    def _wait_owner(self, m: _Moved) -> None:
+        """A host update that reads or writes m's host buffer (a gradient's, a moment's)
+        is done before a copy touches that buffer (a moment read between steps)."""
+        owner = m.owner
+        if owner is not None and owner.update is not None:
+            self._finish_update(owner)
+
     def _issue(self, m: _Moved, resize: bool = True) -> None:
         storage = self._storage(m)
         if storage is None:
             return
+        self._wait_owner(m)
         if m.update is not None:  # the master is being updated: copy it back once it is
             self._finish_update(m)
             if m.state != "host":
@@ -623,6 +638,7 @@ class Replay(TorchDispatchMode):
                 self._updating.add(p)
                 key, _ = _key(params[i])
                 self._off[key] = p  # its device copy is stale until the update is applied
+                g.owner = m1.owner = m2.owner = p  # their buffers wait for it too
                 self._submit(p, g, m1, m2, hyper, events)
         self._stats["host_updates"] = self._stats.get("host_updates", 0) + len(params)
         return True
