@@ -406,8 +406,22 @@ def test_the_cli_plans_residency_for_a_saved_trace(wider_step, tmp_path):
 # ---- replay (Note [Replay] in python/spillway/trace/_replay.py) ---------------------
 
 
-def _twins(seed=5):
+# The divergence tests run on the CPU in CI and on the GPU in scripts/device-check.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device-check)"))]
+
+
+def _on(device: str):
+    """Deterministic kernels on a GPU (two plain runs agree bit for bit); nothing on CPU."""
+    if device == "cuda":
+        from _models import deterministic_cuda
+        return deterministic_cuda()
+    return contextlib_null()
+
+
+def _twins(seed=5, device="cpu"):
     model, ids = tiny_llama(seed, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
+    model, ids = model.to(device), ids.to(device)
     twin = copy.deepcopy(model)
     return (model, torch.optim.AdamW(model.parameters(), lr=1e-3),
             twin, torch.optim.AdamW(twin.parameters(), lr=1e-3), ids)
@@ -652,12 +666,18 @@ def test_reading_an_away_storage_between_steps_brings_it_back():
         assert value.untyped_storage().nbytes() > 0
 
 
-def test_divergent_steps_stay_exact_count_misses_and_get_recorded_again():
+@pytest.mark.parametrize("device", DEVICES)
+def test_divergent_steps_stay_exact_count_misses_and_get_recorded_again(device):
     """An extra op, then a changed shape: each step diverges, every storage
     comes back, the result is exact, the miss is counted; after max_misses diverged
     steps in a row the next step is recorded and planned again, and steps like it
     follow the new plan."""
-    model, opt, twin, twin_opt, ids = _twins(7)
+    with _on(device):
+        _divergent_steps(device)
+
+
+def _divergent_steps(device):
+    model, opt, twin, twin_opt, ids = _twins(7, device)
     trace = _recorded(model, opt, twin, twin_opt, ids)
     replay = spillway.trace.replay(trace, 0.4, min_bytes=64 << 10, max_misses=3)
     short = ids[:, :64]
@@ -684,8 +704,14 @@ def test_divergent_steps_stay_exact_count_misses_and_get_recorded_again():
         assert replay.stats()["misses"] == 4
 
 
-def test_a_skipped_layer_diverges_and_stays_exact():
-    model, opt, twin, twin_opt, ids = _twins(8)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_skipped_layer_diverges_and_stays_exact(device):
+    with _on(device):
+        _skipped_layer(device)
+
+
+def _skipped_layer(device):
+    model, opt, twin, twin_opt, ids = _twins(8, device)
     trace = _recorded(model, opt, twin, twin_opt, ids)
     replay = spillway.trace.replay(trace, spillway.trace.plan(trace, 0.4, min_bytes=64 << 10))
     layers = model.model.layers
@@ -725,7 +751,7 @@ class _Gated(torch.nn.Module):
         @spillway.trace.opaque(name="gated")
         def gated(x, weight):
             if self.scratch:
-                torch.empty(self.scratch).fill_(1.0)
+                torch.empty(self.scratch, device=x.device).fill_(1.0)
             h = x @ weight.t()
             out = torch.nn.functional.silu(h) * h
             return (out, out.sum()) if self.extra else out
@@ -737,12 +763,18 @@ class _Gated(torch.nn.Module):
         return self.c(h).square().mean()
 
 
-def test_an_opaque_region_replays_as_one_op_each_way_and_allocating_inside_is_no_miss():
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_opaque_region_replays_as_one_op_each_way_and_allocating_inside_is_no_miss(device):
+    with _on(device):
+        _opaque_region(device)
+
+
+def _opaque_region(device):
     torch.manual_seed(3)
-    model = _Gated()
+    model = _Gated().to(device)
     twin = copy.deepcopy(model)
     opt, twin_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
-    x = torch.randn(512, 256)
+    x = torch.randn(512, 256).to(device)
 
     def step(m, o):
         loss = m(x)
