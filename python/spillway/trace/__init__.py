@@ -62,19 +62,21 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     everything on the device.
 
     budget: bytes (int), a fraction of the step's own simulated peak (0 < float <= 1),
-    or text ("12GiB", "800MiB", "60%"). A budget in bytes (an int) counts what the allocator
-    held that the trace does not account for (its metadata's untracked_bytes: cuBLAS
-    workspaces...; "untracked_bytes" in the result), as the measured peak does. device_profile: a path or dict (docs/
-    device-profile.md); default the shipped H200's. strategy: "greedy", or "exact"
+    or text ("12GiB", "800MiB", "60%"). A budget in bytes (an int) counts what the
+    allocator held that the trace does not account for (its metadata's
+    untracked_bytes: cuBLAS workspaces...; "untracked_bytes" in the result), as the
+    measured peak does. device_profile: a path or dict (docs/device-profile.md);
+    default the shipped H200's. strategy: "greedy", or "exact"
     (every subset of the candidate gaps; small traces only). Raises ValueError naming
     the problem when no plan fits.
 
     host_adamw_gbs: the step's AdamW(fused=True) ops may instead run on the host CPUs
     (spillway.optim.HostAdamW's update: gradients down once complete, the update on
-    the host from its AdamW op on, parameters back, the moments on the host for good) at this bandwidth in GB/s, counting 28 bytes per
-    element (bench/torch/host_adamw.py measures it); the plan takes that when its
-    forecast is faster ("host_updates" lists what it chose); replay() runs such a plan
-    (Note [Host updates in replay] in _replay.py).
+    the host from its AdamW op on, parameters back, the moments on the host for good)
+    at this bandwidth in GB/s, counting 28 bytes per element (bench/torch/
+    host_adamw.py measures it); the plan takes that when its forecast is faster
+    ("host_updates" lists what it chose); replay() runs such a plan (Note [Host
+    updates in replay] in _replay.py).
     """
     import json
 
