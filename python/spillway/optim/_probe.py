@@ -18,8 +18,8 @@ The powers beta**step in the bias corrections come from the device as well
 from __future__ import annotations
 
 import functools
-import threading
 import math
+import threading
 
 import torch
 

@@ -406,15 +406,12 @@ class Replay(TorchDispatchMode):
                 if m.state == "device" and ref().nbytes():
                     sent.append(m)
                 self._leave_now(m)
-        # What left is gone before the step allocates: else the step's first ops, issued
-        # while those copies are still under way, take memory the plan has free (the
-        # first replayed step went 9 GiB over a T3 budget).
+        # What left here is gone before the step allocates: else the step's first ops,
+        # issued while those copies are still under way, take memory the plan has free
+        # (the first replayed step went 9 GiB over a T3 budget). Not what left in the
+        # step before: the plan has that land where it does.
         for m in sent:
-            if m.state == "leaving" and m.d2h is not None:
-                m.d2h.synchronize()
-            storage = self._storage(m)
-            if storage is not None:
-                self._poll_one(m, storage)
+            self._land(m)
 
     # ---- copies ----
 
@@ -477,6 +474,20 @@ class Replay(TorchDispatchMode):
                 heapq.heappush(self._leaving, (m.seq, next(self._pushes), m))
             else:
                 self._leaving_other.append(m)
+
+    def _land(self, m: _Moved) -> float:
+        """A storage leaving is gone once this returns: its write-back waited for (the ms
+        the host waited), its memory let go."""
+        storage = self._storage(m)
+        if m.state != "leaving" or storage is None:
+            return 0.0
+        waited = 0.0
+        if m.d2h is not None and not m.d2h.query():
+            began = time.perf_counter()
+            m.d2h.synchronize()
+            waited = (time.perf_counter() - began) * 1e3
+        self._poll_one(m, storage)
+        return waited
 
     def _poll_one(self, m: _Moved, storage) -> None:
         if m.state == "leaving" and (m.d2h is None or m.d2h.query()):
@@ -692,13 +703,7 @@ class Replay(TorchDispatchMode):
         storage = self._storage(m)
         if storage is None:
             return
-        if m.state == "leaving":
-            if m.d2h is not None:
-                m.d2h.synchronize()
-                m.d2h = None
-            storage.resize_(0)
-            m.state = "host"
-            self._stats["left"] += 1
+        self._land(m)
         if m.state == "device":
             m.state = "host"  # its memory holds the old value: copy the new one in
             self._issue(m, resize=False)
@@ -789,18 +794,10 @@ class Replay(TorchDispatchMode):
         """Storages the forecast has freed before op k, their write-backs landed: one
         still leaving is waited for and let go now (counted in landing_waits)."""
         for sid in self._landed[k]:
-            m = self._moved[sid]
-            if m.state != "leaving":
-                continue
-            storage = self._storage(m)
-            if storage is None:
-                continue
-            if m.d2h is not None and not m.d2h.query():
-                began = time.perf_counter()
-                m.d2h.synchronize()
+            waited = self._land(self._moved[sid])
+            if waited:
                 self._stats["landing_waits"] += 1
-                self._stats["landing_wait_ms"] += (time.perf_counter() - began) * 1e3
-            self._poll_one(m, storage)
+                self._stats["landing_wait_ms"] += waited
 
     def _bring_inputs(self, inputs: list, following: bool, k: int, keyed=None) -> None:
         """Nothing reads a storage while it is away. An op the plan does not follow
