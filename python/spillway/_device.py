@@ -7,6 +7,15 @@ import torch
 from spillway import ops
 
 
+ALLOCATION_GRANULE = 512  # the caching allocator's rounding (a device profile's
+#                          allocation_granularity)
+
+
+def allocation_rounded(nbytes: int) -> int:
+    """The bytes the CUDA caching allocator counts for an allocation of `nbytes`."""
+    return -(-nbytes // ALLOCATION_GRANULE) * ALLOCATION_GRANULE if nbytes > 0 else 0
+
+
 def shown(value) -> str:
     """A received argument for an error message: its repr (shortened) and its type."""
     text = repr(value)

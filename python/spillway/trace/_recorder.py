@@ -474,7 +474,8 @@ def _untracked_cuda_bytes(storages: dict) -> int | None:
     device = torch.device(devices.pop())
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    tracked = sum(-(-info.bytes // 512) * 512 for info in storages.values()
+    from spillway._device import allocation_rounded
+    tracked = sum(allocation_rounded(info.bytes) for info in storages.values()
                   if info.freed_at is None and torch.device(info.device) == device)
     return max(0, torch.cuda.memory_allocated(device) - tracked)
 

@@ -77,6 +77,7 @@ import torch
 from torch import nn
 
 from spillway import _budget, ops
+from spillway._device import allocation_rounded as _rounded
 from spillway._device import parse_device
 from spillway._device import shown as _shown
 from spillway.weights._training import Backward
@@ -574,13 +575,6 @@ class LayerwiseWeights:
                 f"{s['bytes_offloaded'] / 2**20:.1f} MiB on the host, {self._slots} slots, "
                 f"{len(self._resident)} resident, "
                 f"device {self.device}{', detached' if self._detached else ''})")
-
-
-_GRANULE = 512  # the caching allocator's rounding (the device profile's allocation_granularity)
-
-
-def _rounded(nbytes: int) -> int:
-    return -(-nbytes // _GRANULE) * _GRANULE if nbytes > 0 else 0
 
 
 class _Planner:
