@@ -244,6 +244,8 @@ def run_one(method: str, args) -> dict:
             loss, ms = timed(lambda: step(ids))
         result["losses"].append(loss.float().item())
         result["times_ms"].append(ms)
+        if replay is not None and k >= 2:  # each replayed step's own counts
+            result.setdefault("replay_steps", []).append(replay.stats())
         if device.type == "cuda" and k >= 2:
             result["peaks"].append(torch.cuda.max_memory_allocated())
     if device.type == "cuda":
@@ -255,7 +257,9 @@ def run_one(method: str, args) -> dict:
         f = plan["forecast"]
         result["forecast"] = {"step_ms": f["step_ms"], "peak_bytes": f["peak_bytes"],
                               "budget_bytes": plan["budget_bytes"], "gaps": len(plan["gaps"]),
-                              "host_bytes": f["host_bytes"]}
+                              "host_bytes": f["host_bytes"], "bytes_d2h": f["bytes_d2h"],
+                              "bytes_h2d": f["bytes_h2d"], "stall_ms": f["stall_ms"],
+                              "host_busy_ms": f["host_busy_ms"]}
     if not result["sums"]:
         result["sums"] = _state_sums(model, optimizer)  # after the last timed step
     result["rss_bytes"] = _rss_bytes()

@@ -28,10 +28,12 @@ compute stream waits for a storage's H2D event before the op that needs it,
 and for its D2H event before an op that writes it. A storage leaves once its
 write-back has landed (polled at each op), as the simulator has it; one that
 is needed again before that keeps its memory. Where the forecast has the
-write-back landed and the storage freed (the plan's "landed"), the replay
-waits for a copy still under way: a copy later than forecast, or a CPU that
-runs ahead of the GPU and allocates for later ops, would otherwise hold
-memory the plan gave away (T3 at 75 % went 2.4 % over its budget so).
+write-back landed and the storage freed (the plan's "landed"), a copy still
+under way is let go anyway and the compute stream waits for it: a copy later
+than forecast, or a CPU that runs ahead of the GPU and allocates for later
+ops, would otherwise hold memory the plan gave away (T3 at 75 % went 2.4 %
+over its budget so). The wait is the GPU's, not the host's: a host that
+waited there left the GPU idle behind it each time.
 
 Storages are numbered by first appearance, as the recorder numbered them, so
 the trace's storage ids name the same storages in every step. An op whose
@@ -172,8 +174,9 @@ class Replay(TorchDispatchMode):
                        "copies_back": 0, "bytes_d2h": 0, "bytes_h2d": 0, "recorded": 0,
                        # ms the host AdamW worker computed, and ms the step waited for it
                        "host_busy_ms": 0.0, "update_wait_ms": 0.0,
-                       # waits for write-backs the forecast has landed (_wait_landed)
-                       "landing_waits": 0, "landing_wait_ms": 0.0}
+                       # the compute stream's waits for write-backs the forecast has
+                       # landed (_wait_landed)
+                       "landing_waits": 0}
         self._entered = False
         self._record_next = False
         self._diverged_in_a_row = 0
@@ -792,12 +795,28 @@ class Replay(TorchDispatchMode):
 
     def _wait_landed(self, k: int) -> None:
         """Storages the forecast has freed before op k, their write-backs landed: one
-        still leaving is waited for and let go now (counted in landing_waits)."""
+        still leaving is let go now, the compute stream waiting for its write-back
+        (counted in landing_waits). The wait is the GPU's, as the simulator's stall is:
+        a host that waited instead would leave the GPU's queue empty behind it, and
+        each wait would cost the time the host then takes to get ahead again. The
+        memory goes back to the caching allocator on the compute stream, so whatever
+        takes it runs after the wait; the H2D stream allocates nothing and follows
+        the compute stream before it copies into new memory."""
         for sid in self._landed[k]:
-            waited = self._land(self._moved[sid])
-            if waited:
+            m = self._moved[sid]
+            storage = self._storage(m)
+            if m.state != "leaving" or storage is None:
+                continue
+            if m.d2h is not None and not m.d2h.query():
+                torch.cuda.current_stream(storage.device).wait_event(m.d2h)
                 self._stats["landing_waits"] += 1
-                self._stats["landing_wait_ms"] += waited
+                # Gone from the device now; the event stays, for host readers of the
+                # buffer (the host update waits for it).
+                storage.resize_(0)
+                m.state = "host"
+                self._stats["left"] += 1
+            else:
+                self._poll_one(m, storage)
 
     def _bring_inputs(self, inputs: list, following: bool, k: int, keyed=None) -> None:
         """Nothing reads a storage while it is away. An op the plan does not follow
