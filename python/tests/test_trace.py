@@ -561,6 +561,33 @@ def test_replay_runs_adamw_on_the_host_and_stays_exact(fraction):
     _same(model, opt, twin, twin_opt)
 
 
+def test_a_parameter_copied_back_early_comes_back_with_its_host_updated_value():
+    """A plan may issue the copy back of a parameter updated on the host for the next
+    step before its update op (a lead longer than the wrap after its update): the copy
+    waits for the update, as the simulator has it, and carries the new value, not the
+    one the parameter had before (the GPU's T3 test saw that stale value as a loss off
+    by 3e-3 one step later, on the plans whose leads reached that far)."""
+    model, ids = tiny_llama(5, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
+    twin = copy.deepcopy(model)
+    opt, twin_opt = (torch.optim.AdamW([{"params": [p]} for p in m.parameters()], lr=1e-3,
+                                       fused=True) for m in (model, twin))
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    plan = spillway.trace.plan(trace, 0.3, min_bytes=64 << 10, host_adamw_gbs=1e4)
+    update_pos = {sid: u["op_positions"][0] for u in plan["host_updates"] for sid in u["params"]}
+    early = [g for g in plan["gaps"] if g["wrap"] and g["storage"] in update_pos]
+    assert early, "no parameter updated on the host spends the wrap away"
+    for g in early:  # due before its own update op, or the one before that
+        g["issue_pos"] = update_pos[g["storage"]] - (g["storage"] % 2)
+    replay = spillway.trace.replay(trace, plan)
+    with replay:
+        for k in range(2, 5):
+            with replay.step():
+                loss = _llama_step(model, opt, ids, k)
+            assert torch.equal(loss, _llama_step(twin, twin_opt, ids, k)), k
+        assert replay.stats()["misses"] == 0
+    _same(model, opt, twin, twin_opt)
+
+
 def test_storages_leave_as_their_write_backs_land_in_stream_order():
     """The poll at each op looks only at storages still leaving, by the order of their
     copies on the D2H stream: the first not landed ends it (the copies after it cannot

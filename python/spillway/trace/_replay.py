@@ -69,7 +69,9 @@ applied a parameter counts as away: an op that touches it waits for the
 update; one on the device then gets the new value by an H2D into its own
 memory (issued as soon as the update is seen done, at any op), one spending
 the wrap on the host is copied back from the master when its copy is
-issued. Updates still running when step() returns go on while the next
+issued, or, where that copy is due before the update op in the same step (a
+lead longer than what is left of the step), once the update is seen done, as
+the simulator defers it. Updates still running when step() returns go on while the next
 step starts (as the simulator has them: a parameter's next use waits for its
 update, and the forward reaches the last layers, whose gradients complete
 first, last); leaving the context or detach() waits for every one, and so
@@ -133,7 +135,7 @@ class _Moved:
     """One storage the plan moves: its host buffer, where it is, its copies."""
 
     __slots__ = ("sid", "nbytes", "name", "ref", "host", "host_valid", "state", "d2h", "h2d",
-                 "read", "update", "step", "seq", "owner")
+                 "read", "update", "step", "seq", "owner", "fetch_updated")
 
     def __init__(self, sid: int, nbytes: int, name: str):
         self.sid, self.nbytes, self.name = sid, nbytes, name
@@ -150,6 +152,8 @@ class _Moved:
         self.seq = -1            # its write-back's place on the D2H stream (-1: another stream)
         self.owner = None        # a gradient's or moment's parameter, whose host update
         #                          reads or writes its host buffer
+        self.fetch_updated = False  # a parameter's copy back, due before its host
+        #                             update: issued once the update is done
 
 
 class Replay(TorchDispatchMode):
@@ -236,10 +240,20 @@ class Replay(TorchDispatchMode):
             self._moved[sid] = moved
             for p in info["writes"]:
                 writes[op_at[p]].append(sid)
+        # A parameter updated on the host whose copy back for the next step is due
+        # before its update op in this step: copied once the update is done (its new
+        # value), as the simulator has it, not when due (the old one).
+        update_k = {sid: op_at[u["op_positions"][0]] for u in plan.get("host_updates", [])
+                    for sid in u["params"]}
+        after_update = [[] for _ in range(n_ops)]
         for gap in plan.get("gaps", []):
             sid = gap["storage"]
-            before[index_of[gap["issue_pos"]]].append(sid)
-            after_leave[op_at[gap["after_pos"]]].append(sid)
+            issue_k, after_k = index_of[gap["issue_pos"]], op_at[gap["after_pos"]]
+            if gap["wrap"] and sid in update_k and after_k < issue_k <= update_k[sid]:
+                after_update[issue_k].append(sid)
+            else:
+                before[issue_k].append(sid)
+            after_leave[after_k].append(sid)
             if gap["write_back_pos"] >= 0:
                 after_write_back[op_at[gap["write_back_pos"]]].append(sid)
         # Host updates (Note [Host updates in replay]): the op each replaces, where each
@@ -258,6 +272,7 @@ class Replay(TorchDispatchMode):
             self._host_form = _host_form(trace, plan)
         self._before, self._write_back, self._leave, self._writes = (
             before, after_write_back, after_leave, writes)
+        self._after_update = after_update
         # Where the forecast has a write-back landed and its storage freed: before that
         # op the replay waits for a copy still under way (a late copy would otherwise
         # keep memory the plan has given to the op's allocations).
@@ -541,6 +556,7 @@ class Replay(TorchDispatchMode):
         storage = self._storage(m)
         if storage is None:
             return
+        m.fetch_updated = False
         self._wait_owner(m)
         if m.update is not None:  # the master is being updated: copy it back once it is
             self._finish_update(m)
@@ -707,9 +723,13 @@ class Replay(TorchDispatchMode):
         if storage is None:
             return
         self._land(m)
-        if m.state == "device":
-            m.state = "host"  # its memory holds the old value: copy the new one in
+        if m.state in ("device", "coming"):
+            # Its memory holds the old value, or will (a copy back issued before the
+            # update was): the new one is copied in after it.
+            m.state = "host"
             self._issue(m, resize=False)
+        elif m.fetch_updated and m.state == "host":
+            self._issue(m)
 
     def _finish_updates(self) -> None:
         for m in list(self._updating):
@@ -786,6 +806,9 @@ class Replay(TorchDispatchMode):
                 m = self._moved.get(sid)
                 if m is not None:
                     self._issue(m)
+        if following and self._after_update[k]:
+            for sid in self._after_update[k]:
+                self._moved[sid].fetch_updated = True
         if bring or not (following and k in self._host_ops):
             self._bring_inputs(inputs, following, k, keyed)
         if following and self._watching:  # after its copies back, before its outputs
