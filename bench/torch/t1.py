@@ -315,11 +315,22 @@ def _trace_replay(model, options, plain):
             state["open"] = None
         if state["recorder"] is not None:  # the recorded step ended with this call
             recorder, state["recorder"] = state["recorder"], None
+            t0 = time.perf_counter()
             recorder.__exit__(None, None, None)
+            t1 = time.perf_counter()
             state["plan"] = plan(recorder.trace, budget, min_bytes=min_bytes)
+            t2 = time.perf_counter()
             state["replay"] = replay(recorder.trace, state["plan"])
             state["replay"].__enter__()
+            print(f"[t1] trace: {len(recorder.trace.graph['nodes'])} nodes closed in {t1 - t0:.1f} s, "
+                  f"planned in {t2 - t1:.1f} s ({len(state['plan']['gaps'])} gaps), replay "
+                  f"ready in {time.perf_counter() - t2:.1f} s", file=sys.stderr, flush=True)
         state["calls"] += 1
+        now = time.perf_counter()
+        if state.get("last") is not None:  # the previous call, its backward included
+            print(f"[t1] trace: call {state['calls'] - 1} took {now - state['last']:.2f} s",
+                  file=sys.stderr, flush=True)
+        state["last"] = now
         if state["replay"] is not None:
             state["open"] = state["replay"].step()
             state["open"].__enter__()
@@ -966,8 +977,12 @@ def main() -> int:
                 results.append(dict(method=spec, error=" / ".join(tail) or f"rc={proc.returncode}"))
             else:
                 results.append(json.loads(lines[-1][len("T1RESULT "):]))
-        except subprocess.TimeoutExpired:
-            results.append(dict(method=spec, error=f"timed out after {args.timeout} s"))
+        except subprocess.TimeoutExpired as e:
+            # What the method printed before it was cut off says where its time went.
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+            tail = (err or "").strip().splitlines()[-3:]
+            results.append(dict(method=spec, error=f"timed out after {args.timeout} s"
+                                + (": " + " / ".join(tail) if tail else "")))
         r = results[-1]
         print(f"[t1] {spec}: " + (f"error {r['error']}" if "error" in r else
               f"{r['step_ms_median']:.1f} ms, activation {r['activation_gib']} GiB")
