@@ -301,7 +301,7 @@ def _trace_replay(model, options, plain):
     from spillway.trace import plan, replay
     from spillway.trace._recorder import Recorder
 
-    state = {"calls": 0, "open": None, "recorder": None, "replay": None, "plan": None}
+    state = {"calls": 0, "open": None, "recorder": None, "replay": None, "plan": None, "last": None}
     budget = options.get("budget", 0.9)
     try:
         budget = float(budget) if float(budget) <= 1 else budget  # a fraction
@@ -327,7 +327,7 @@ def _trace_replay(model, options, plain):
                   f"ready in {time.perf_counter() - t2:.1f} s", file=sys.stderr, flush=True)
         state["calls"] += 1
         now = time.perf_counter()
-        if state.get("last") is not None:  # the previous call, its backward included
+        if state["last"] is not None:  # the previous call, its backward included
             print(f"[t1] trace: call {state['calls'] - 1} took {now - state['last']:.2f} s",
                   file=sys.stderr, flush=True)
         state["last"] = now
@@ -927,6 +927,11 @@ def _write(results: list[dict], passthrough: list[str], args) -> str:
     return table
 
 
+
+def _tail(text) -> str:
+    """The last three lines a method printed, on one line: what an error row shows."""
+    return " / ".join((text or "").strip().splitlines()[-3:])
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -973,16 +978,16 @@ def main() -> int:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             lines = [l for l in proc.stdout.splitlines() if l.startswith("T1RESULT ")]
             if proc.returncode != 0 or not lines:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                results.append(dict(method=spec, error=" / ".join(tail) or f"rc={proc.returncode}"))
+                results.append(dict(method=spec, error=_tail(proc.stderr or proc.stdout)
+                                    or f"rc={proc.returncode}"))
             else:
                 results.append(json.loads(lines[-1][len("T1RESULT "):]))
         except subprocess.TimeoutExpired as e:
             # What the method printed before it was cut off says where its time went.
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-            tail = (err or "").strip().splitlines()[-3:]
+            tail = _tail(err)
             results.append(dict(method=spec, error=f"timed out after {args.timeout} s"
-                                + (": " + " / ".join(tail) if tail else "")))
+                                + (": " + tail if tail else "")))
         r = results[-1]
         print(f"[t1] {spec}: " + (f"error {r['error']}" if "error" in r else
               f"{r['step_ms_median']:.1f} ms, activation {r['activation_gib']} GiB")

@@ -112,11 +112,17 @@ ResidencyModel apply_host_updates(const ResidencyModel& model,
 // first use, for storages that live across steps), copied back so that the
 // compute stream reaches the next use once the copy has landed. The copy is
 // issued when the compute stream reaches the op `lead` positions before the
-// next use (1: right before it).
+// next use (1: right before it). The storage leaves the device once its
+// write-back has landed; with `wait` > 0 the compute stream waits for that at
+// the op `wait` positions after the gap's start, so that it is gone there
+// whatever the copies queued ahead of it (0: nothing waits; it leaves when its
+// copy lands). The wait comes before the copy back: wait + lead < the gap's
+// length.
 struct HostGap {
   std::int32_t storage = -1;  // index into ResidencyModel::storages
   std::int32_t after = -1;
   std::int32_t lead = 1;
+  std::int32_t wait = 0;
   friend bool operator==(const HostGap&, const HostGap&) = default;
 };
 
@@ -134,6 +140,9 @@ struct ResidencyForecast {
   double stall_ms = 0;    // the compute stream waiting for copies
   std::int64_t peak_bytes = 0;  // device bytes live at most (allocations rounded)
   std::int32_t peak_op = -1;    // the position where the peak occurs
+  // Storages still on the device at the peak only because their write-back has
+  // not landed (their copies queued behind others), in index order.
+  std::vector<std::int32_t> in_flight_at_peak;
   std::int64_t bytes_d2h = 0;   // per step
   std::int64_t bytes_h2d = 0;
   std::int64_t host_bytes = 0;  // pinned host memory the plan needs
@@ -144,6 +153,10 @@ struct ResidencyForecast {
   // replay waits for a copy still under way there, so memory stays within the
   // forecast even when the real copy is late.
   std::vector<std::pair<std::int32_t, std::int32_t>> landed;
+  // (storage index, position): a copy back issued while the storage's write-back
+  // was still under way, so it never left the device in that gap (its copies
+  // moved nothing the peak gained from).
+  std::vector<std::pair<std::int32_t, std::int32_t>> never_left;
   // With record_timeline: one point per position (node = the graph node's id,
   // times from the step's start; categories: a placeholder's storage on the
   // device is kInputs, one made in the step kTemporaries, one brought back
@@ -156,7 +169,8 @@ struct ResidencyForecast {
 // Throws InvalidArgument naming the gap on a plan that does not fit the model
 // (a storage or use out of range, a wrap gap of a storage that does not live
 // across steps, a gap with no op inside it, lead < 1 or beyond the gap, the
-// same gap twice, a host update out of range or twice). Host updates: Note
+// same gap twice, a wait < 0 or not before the copy back, a host update out
+// of range or twice). Host updates: Note
 // [Residency replay] in src/sim/residency.cc.
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
                                      const CostModel& cost, bool record_timeline = false);

@@ -68,6 +68,7 @@ json residency_json(const ResidencyModel& original, const ResidencyResult& resul
                     {"after_pos", st.uses[gap.after]},
                     {"back_pos", next % n},
                     {"issue_pos", (next - gap.lead) % n},
+                    {"wait_pos", gap.wait > 0 ? (st.uses[gap.after] + gap.wait) % n : -1},
                     {"write_back_pos", write_back_position(model, gap)}});
   }
   // What the executor needs of each moved storage: where it is used and written.
@@ -129,9 +130,17 @@ std::string format_residency_text(const ResidencyModel& model, const ResidencyRe
   std::sort(moved.begin(), moved.end(), [&](const auto& a, const auto& b) {
     return model.storages[a.first].bytes > model.storages[b.first].bytes;
   });
+  const auto waits = std::count_if(result.plan.gaps.begin(), result.plan.gaps.end(),
+                                   [](const HostGap& gap) { return gap.wait > 0; });
+  if (waits > 0) {
+    std::snprintf(line, sizeof line, "write-back waits:   %td gap%s (the compute stream waits where the storage must be gone)\n",
+                  waits, waits == 1 ? "" : "s");
+    out << line;
+  }
   std::snprintf(line, sizeof line, "storages moved:     %zu of %d candidate gaps' storages\n", moved.size(),
                 result.candidates);
   out << line;
+
   const std::size_t shown = std::min<std::size_t>(moved.size(), 12);
   for (std::size_t i = 0; i < shown; ++i) {
     const ResidencyStorage& st = model.storages[moved[i].first];

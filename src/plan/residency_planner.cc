@@ -12,22 +12,33 @@
 // whose gap holds the peak position off the device (their storage left
 // before it and is not back yet), best first: those whose copies hide in the
 // gap's compute (largest first), then the rest by the time they cannot hide
-// per byte; as many as cover the excess at once; simulate again. When no
-// candidate is known to be off the device at the peak (a copy still under
-// way there), adding or dropping each candidate is simulated and the change
-// that lowers the bytes above the budget (summed over positions) most is
-// made (of the 64 largest gaps around the peak). Before all this, a plan
-// with every candidate on the host is simulated: when even that does not
-// fit and some op alone uses more than the budget, the error says so at once
-// (everything on the host is not a lower bound: its copies queue behind one
-// another and come back early, so a subset can fit where everything does
-// not; a test has one). On T1's joint graph offload alone brings the peak
-// from 32.9 to 31.1 GiB: the forward hides ~4.4 GiB of copies, which is why
-// the budget planner recomputes too. When the
-// peak fits, drop chosen gaps, latest first, while the plan still fits and
+// per byte; as many as cover the excess at once; simulate again. When none
+// is left, the storages that should be gone at the peak but whose
+// write-backs have not landed there (queued behind other copies: a gap
+// chosen, or one whose copy cannot land in time) get a wait there
+// (HostGap::wait: the compute stream waits for the copy), those whose copies
+// were issued first (they land first) before the rest, as many as cover the
+// excess. Without waits offload cannot go below what the copies land in
+// time for: on T1's recorded step the forward hides ~4.4 GiB of copies, and
+// the planner reached 27.6 GiB of a 26.1 GiB budget there, then cycled (a gap
+// dropped for raising the excess was taken again for covering the peak).
+// Only when nothing is left to wait for either, adding or dropping each
+// candidate is simulated and the change that lowers the bytes above the
+// budget (summed over positions) most is made (of the 64 largest gaps around
+// the peak); a gap dropped so is not taken again, so every round takes a
+// gap, moves a wait earlier or bans a gap, and the search ends. Before all
+// this, a plan with every candidate on the host is simulated: when even that
+// does not fit and some op alone uses more than the budget, the error says
+// so at once (everything on the host is not a lower bound: its copies queue
+// behind one another and come back early, so a subset can fit where
+// everything does not; a test has one). When the peak fits, gaps whose
+// storage never left (a copy back issued before the write-back landed) go
+// if the plan fits without them (on T1 at 80 % they were 13.6 GiB of the
+// 23.3 GiB written back, and the step went from 406 to 302 ms simulated);
+// then chosen gaps are dropped, latest first, while the plan still fits and
 // is no slower (a peak covered by a later choice may not need an earlier
-// one). Exact: every subset of the candidates, the fastest that fits; the
-// test oracle for small traces.
+// one), else their wait is. Exact: every subset of the candidates, without
+// waits, the fastest that fits; the test oracle for small traces.
 //
 // Host updates (the model's AdamW steps that may run on the host,
 // add_host_update_candidates): the gaps are planned twice, on the model as
@@ -49,6 +60,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spillway/error.h"
@@ -64,6 +76,7 @@ struct GapCandidate {
                            // its D2H, when its host copy may be stale
   std::int32_t back = 0;   // position where the copy back is issued (unrolled: may be >= n)
   std::int32_t next = 0;   // position of the next use (unrolled)
+  std::int32_t written = 0;  // position of its write-back (the last write before the gap), else start
   std::int64_t bytes = 0;
   double unhidden_ms = 0;  // copy time beyond the gap's compute
 };
@@ -110,6 +123,18 @@ std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const Resi
       c.gone = gone;
       c.back = next - lead;
       c.next = next;
+      c.written = start;
+      if (stale) {  // the last write at or before the start; for a storage kept across steps,
+                    // possibly in the step before
+        for (std::int32_t j = k + uses; j > k; --j) {
+          const std::int32_t w = j % uses;
+          if (w > k && !st.across_steps) continue;
+          if (st.writes[w]) {
+            c.written = st.uses[w] - (w > k ? n : 0);
+            break;
+          }
+        }
+      }
       c.bytes = st.bytes;
       const double copies = cost.h2d_ms(st.bytes) + (stale ? cost.d2h_ms(st.bytes) : 0);
       c.unhidden_ms = std::max(0.0, copies - inside);
@@ -141,12 +166,15 @@ bool fits_budget(const ResidencyForecast& f, const ResidencyOptions& options) {
   return f.peak_bytes <= options.budget_bytes;
 }
 
+// The plan of the chosen candidates, each with its wait (HostGap::wait).
 ResidencyPlan plan_with(const std::vector<GapCandidate>& all, const std::vector<bool>& chosen,
-                        const std::vector<std::int32_t>& host_updated) {
+                        const std::vector<std::int32_t>& waits, const std::vector<std::int32_t>& host_updated) {
   ResidencyPlan plan;
   plan.host_updated = host_updated;
   for (std::size_t i = 0; i < all.size(); ++i) {
-    if (chosen[i]) plan.gaps.push_back(all[i].gap);
+    if (!chosen[i]) continue;
+    plan.gaps.push_back(all[i].gap);
+    if (!waits.empty()) plan.gaps.back().wait = waits[i];
   }
   return plan;
 }
@@ -178,7 +206,7 @@ void tune_leads(const ResidencyModel& original, const ResidencyModel& model, con
       const ResidencyStorage& st = model.storages[gap.storage];
       const bool wrap = gap.after + 1 == static_cast<std::int32_t>(st.uses.size());
       const std::int32_t next = wrap ? st.uses.front() + n : st.uses[gap.after + 1];
-      const std::int32_t widest = next - st.uses[gap.after] - 1;
+      const std::int32_t widest = next - st.uses[gap.after] - 1 - gap.wait;
       if (gap.lead >= widest) continue;
       const std::int32_t was = gap.lead;
       for (const std::int32_t lead : {was + 1, std::min(widest, 2 * was)}) {
@@ -209,8 +237,9 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
   const ResidencyModel& model = host.empty() ? original : transformed;
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
   auto simulate = [&](const ResidencyPlan& plan) { return simulate_residency(original, plan, cost); };
-  auto plan_with = [&](const std::vector<GapCandidate>& all, const std::vector<bool>& chosen) {
-    return spillway::plan_with(all, chosen, host);
+  auto plan_with = [&](const std::vector<GapCandidate>& all, const std::vector<bool>& chosen,
+                       const std::vector<std::int32_t>& waits = {}) {
+    return spillway::plan_with(all, chosen, waits, host);
   };
   ResidencyResult result;
   ResidencyPlan bare;
@@ -276,89 +305,170 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
     }
   }
   std::vector<bool> chosen(all.size(), false);
+  std::vector<std::int32_t> waits(all.size(), 0);
+  std::vector<bool> banned(all.size(), false);  // dropped by a toggle: not taken again
   std::vector<std::size_t> order;  // chosen, in the order chosen
+  auto choose = [&](std::size_t i) {
+    if (!chosen[i]) order.push_back(i);
+    chosen[i] = true;
+  };
+  // The peak's position as the unrolled positions a candidate may span.
+  auto within = [](const GapCandidate& c, std::int32_t p, std::int32_t n, std::int32_t from) -> std::int32_t {
+    for (const std::int32_t q : {p, p + n}) {
+      if (from < q && q < c.back) return q;
+    }
+    return -1;
+  };
   ResidencyForecast f = result.unplanned;
-  while (!fits_budget(f, options)) {
+  // Every round adds a gap, moves a wait earlier or bans a gap, so the search ends;
+  // the cap only guards that reasoning.
+  const std::size_t rounds = 8 * all.size() + 64;
+  for (std::size_t round = 0; !fits_budget(f, options); ++round) {
+    if (round == rounds) {
+      throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
+                            ": the greedy planner gave up after " + std::to_string(rounds) +
+                            " rounds at a peak of " + shown_bytes(f.peak_bytes) + " at " +
+                            model.op_names[f.peak_op]);
+    }
+    const std::int64_t excess = f.peak_bytes - options.budget_bytes;
     std::vector<std::size_t> covering;
     for (std::size_t i = 0; i < all.size(); ++i) {
-      if (!chosen[i] && gap_holds_off(all[i], f.peak_op, n)) covering.push_back(i);
+      if (!chosen[i] && !banned[i] && gap_holds_off(all[i], f.peak_op, n)) covering.push_back(i);
     }
-    if (covering.empty()) {
-      // Nothing is known to leave the device at the peak (copies still under way,
-      // copies back already issued): try adding or dropping each candidate, keep
-      // the change that lowers the bytes above the budget most.
-      const std::int64_t budget = options.budget_bytes;
-      std::size_t best = all.size();
-      ResidencyForecast best_forecast;
-      double best_excess = bytes_above(f, budget);
-      // Only gaps around the peak can lower it: at most 64 of them, largest first.
-      std::vector<std::size_t> near;
-      for (std::size_t i = 0; i < all.size(); ++i) {
-        const GapCandidate& c = all[i];
-        for (std::int32_t q : {f.peak_op, f.peak_op + n}) {
-          if (c.start < q && q < c.next) {
-            near.push_back(i);
-            break;
-          }
-        }
+    if (!covering.empty()) {
+      std::sort(covering.begin(), covering.end(), [&](std::size_t a, std::size_t b) {
+        const GapCandidate& x = all[a];
+        const GapCandidate& y = all[b];
+        const bool hx = x.unhidden_ms <= 0;
+        const bool hy = y.unhidden_ms <= 0;
+        if (hx != hy) return hx;
+        if (hx) return x.bytes > y.bytes;
+        return x.unhidden_ms / static_cast<double>(x.bytes) < y.unhidden_ms / static_cast<double>(y.bytes);
+      });
+      std::int64_t left = excess;
+      for (std::size_t i : covering) {
+        choose(i);
+        left -= all[i].bytes;
+        if (left <= 0) break;
       }
-      std::sort(near.begin(), near.end(), [&](std::size_t a, std::size_t b) { return all[a].bytes > all[b].bytes; });
-      if (near.size() > 64) near.resize(64);
-      for (std::size_t i : near) {
-        chosen[i] = !chosen[i];
-        const ResidencyForecast trial = simulate(plan_with(all, chosen));
-        chosen[i] = !chosen[i];
-        const double e = bytes_above(trial, budget);
-        if (e < best_excess || (best != all.size() && e == best_excess &&
-                                trial.step_ms < best_forecast.step_ms)) {
-          best = i;
-          best_forecast = trial;
-          best_excess = e;
-        }
-      }
-      if (best == all.size()) {
-        throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
-                              ": " + everything_text + "; the greedy planner reached a peak of " +
-                              shown_bytes(f.peak_bytes) + " at " + model.op_names[f.peak_op] +
-                              ", and no gap left lowers what is above the budget");
-      }
-      chosen[best] = !chosen[best];
-      if (chosen[best]) {
-        order.push_back(best);
-      } else {
-        order.erase(std::find(order.begin(), order.end(), best));
-      }
-      f = best_forecast;
+      f = simulate(plan_with(all, chosen, waits));
       continue;
     }
-    std::sort(covering.begin(), covering.end(), [&](std::size_t a, std::size_t b) {
-      const GapCandidate& x = all[a];
-      const GapCandidate& y = all[b];
-      const bool hx = x.unhidden_ms <= 0;
-      const bool hy = y.unhidden_ms <= 0;
-      if (hx != hy) return hx;
-      if (hx) return x.bytes > y.bytes;
-      return x.unhidden_ms / static_cast<double>(x.bytes) < y.unhidden_ms / static_cast<double>(y.bytes);
-    });
-    std::int64_t bytes_above = f.peak_bytes - options.budget_bytes;
-    for (std::size_t i : covering) {
-      chosen[i] = true;
-      order.push_back(i);
-      bytes_above -= all[i].bytes;
-      if (bytes_above <= 0) break;
+    // Storages that should be off the device at the peak but whose write-backs have
+    // not landed there (queued behind other copies): the compute stream waits for
+    // them at the peak (HostGap::wait), those whose copies were issued first (they
+    // land first) before the rest, those already chosen before new ones.
+    std::vector<std::pair<std::size_t, std::int32_t>> late;  // candidate, unrolled peak position
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const GapCandidate& c = all[i];
+      if (banned[i]) continue;
+      const std::int32_t q = within(c, f.peak_op, n, c.start);  // before its copy back
+      if (q < 0) continue;
+      if (chosen[i] && !std::binary_search(f.in_flight_at_peak.begin(), f.in_flight_at_peak.end(),
+                                           c.gap.storage)) {
+        continue;  // gone there already
+      }
+      late.emplace_back(i, q);
     }
-    f = simulate(plan_with(all, chosen));
+    if (!late.empty()) {
+      std::sort(late.begin(), late.end(), [&](const auto& a, const auto& b) {
+        if (chosen[a.first] != chosen[b.first]) return static_cast<bool>(chosen[a.first]);
+        const GapCandidate& x = all[a.first];
+        const GapCandidate& y = all[b.first];
+        if (x.written != y.written) return x.written < y.written;
+        return x.bytes > y.bytes;
+      });
+      std::int64_t left = excess;
+      for (const auto& [i, q] : late) {
+        choose(i);
+        waits[i] = q - all[i].start;
+        left -= all[i].bytes;
+        if (left <= 0) break;
+      }
+      f = simulate(plan_with(all, chosen, waits));
+      continue;
+    }
+    // Nothing left to take at the peak: try adding or dropping each gap around it,
+    // keep the change that lowers the bytes above the budget (summed over positions)
+    // most; a gap dropped so is not taken again.
+    const std::int64_t budget = options.budget_bytes;
+    std::size_t best = all.size();
+    ResidencyForecast best_forecast;
+    double best_excess = bytes_above(f, budget);
+    // Only gaps around the peak can lower it: at most 64 of them, largest first.
+    std::vector<std::size_t> near;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (!banned[i] && within(all[i], f.peak_op, n, all[i].start) >= 0) near.push_back(i);
+    }
+    std::sort(near.begin(), near.end(), [&](std::size_t a, std::size_t b) { return all[a].bytes > all[b].bytes; });
+    if (near.size() > 64) near.resize(64);
+    for (std::size_t i : near) {
+      chosen[i] = !chosen[i];
+      const ResidencyForecast trial = simulate(plan_with(all, chosen, waits));
+      chosen[i] = !chosen[i];
+      const double e = bytes_above(trial, budget);
+      if (e < best_excess ||
+          (best != all.size() && e == best_excess && trial.step_ms < best_forecast.step_ms)) {
+        best = i;
+        best_forecast = trial;
+        best_excess = e;
+      }
+    }
+    if (best == all.size()) {
+      throw InvalidArgument("residency", "no plan fits a budget of " + shown_bytes(options.budget_bytes) +
+                            ": " + everything_text + "; the greedy planner reached a peak of " +
+                            shown_bytes(f.peak_bytes) + " at " + model.op_names[f.peak_op] +
+                            ", and no gap left lowers what is above the budget");
+    }
+    if (chosen[best]) {
+      chosen[best] = false;
+      banned[best] = true;
+      order.erase(std::find(order.begin(), order.end(), best));
+    } else {
+      choose(best);
+    }
+    f = best_forecast;
   }
+  // Gaps whose storage never left the device (its write-back had not landed when its
+  // copy back was issued) go, when the plan fits without them: their copies take the
+  // link from the others' and pinned memory for nothing (the conservative duplex rule
+  // may still time the step a little faster with them; the link does not).
+  if (!f.never_left.empty()) {
+    std::vector<bool> kept = chosen;
+    for (const auto& [s, p] : f.never_left) {
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (kept[i] && all[i].gap.storage == s && all[i].back % n == p) kept[i] = false;
+      }
+    }
+    const ResidencyForecast pruned = simulate(plan_with(all, kept, waits));
+    if (fits_budget(pruned, options)) {
+      chosen = kept;
+      order.erase(std::remove_if(order.begin(), order.end(), [&](std::size_t i) { return !chosen[i]; }),
+                  order.end());
+      f = pruned;
+    }
+  }
+  // Drop chosen gaps, latest first, while the plan still fits and is no slower (a
+  // peak covered by a later choice may not need an earlier one); else drop the wait.
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     chosen[*it] = false;
-    const ResidencyForecast without = simulate(plan_with(all, chosen));
+    const ResidencyForecast without = simulate(plan_with(all, chosen, waits));
+    chosen[*it] = true;
     if (fits_budget(without, options) && without.step_ms <= f.step_ms + 1e-12) {
+      chosen[*it] = false;
       f = without;
+      continue;
+    }
+    if (waits[*it] == 0) continue;
+    const std::int32_t wait = std::exchange(waits[*it], 0);
+    const ResidencyForecast unwaited = simulate(plan_with(all, chosen, waits));
+    if (fits_budget(unwaited, options) && unwaited.step_ms <= f.step_ms + 1e-12) {
+      f = unwaited;
     } else {
-      chosen[*it] = true;
+      waits[*it] = wait;
     }
   }
-  result.plan = plan_with(all, chosen);
+  result.plan = plan_with(all, chosen, waits);
   if (options.tune_leads) tune_leads(original, model, options, cost, result.plan, f);
   result.forecast = f;
   return result;

@@ -193,6 +193,38 @@ TEST(ResidencyReplay, AnActivationLeavesOnceItsCopyLandsAndReturnsBeforeItsReade
   EXPECT_DOUBLE_EQ(simulate_residency(m, {{{0, 0, 1}}}, link()).stall_ms, 0.75);
 }
 
+// A gap's wait: the compute stream waits for the write-back where the plan
+// needs the storage gone, and frees it there; without it the copy lands too
+// late and the copy back, issued before it lands, moves nothing.
+TEST(ResidencyReplay, AGapsWaitHoldsTheComputeStreamUntilTheWriteBackLands) {
+  ResidencyModel m = ops(10);
+  m.storages.push_back(storage("a", 4 * kMs, {0, 9}));  // its D2H takes 4 ms: 1 to 5
+  m.storages.push_back(storage("b", kMs, {3}));
+  ResidencyPlan plan{{{0, 0, 5, 3}}};  // back from op 4, gone at op 3
+  const ResidencyForecast waited = simulate_residency(m, plan, link());
+  EXPECT_DOUBLE_EQ(waited.stall_ms, 2.0);  // op 3 starts at 5, not 3
+  EXPECT_DOUBLE_EQ(waited.step_ms, 12.0);
+  EXPECT_EQ(waited.live_bytes[3], kMs);  // b alone
+  EXPECT_EQ(waited.landed, (std::vector<std::pair<std::int32_t, std::int32_t>>{{0, 3}}));
+  EXPECT_TRUE(waited.never_left.empty());
+  EXPECT_EQ(waited.bytes_h2d, 4 * kMs);
+
+  plan.gaps[0].wait = 0;
+  const ResidencyForecast unwaited = simulate_residency(m, plan, link());
+  EXPECT_DOUBLE_EQ(unwaited.step_ms, 10.0);
+  EXPECT_EQ(unwaited.peak_bytes, 5 * kMs);
+  EXPECT_EQ(unwaited.peak_op, 3);
+  EXPECT_EQ(unwaited.in_flight_at_peak, (std::vector<std::int32_t>{0}));
+  EXPECT_EQ(unwaited.never_left, (std::vector<std::pair<std::int32_t, std::int32_t>>{{0, 4}}));
+  EXPECT_EQ(unwaited.bytes_h2d, 0);
+
+  plan.gaps[0].wait = 4;  // at op 4, where its copy back is issued: too late
+  EXPECT_NE(error_of(m, plan).find("wait 4 of storage a not before its copy back"), std::string::npos)
+      << error_of(m, plan);
+  plan.gaps[0].wait = -1;
+  EXPECT_NE(error_of(m, plan).find("wait -1"), std::string::npos);
+}
+
 TEST(ResidencyReplay, RecordsATimelineTheSimulatorsWritersDraw) {
   testing::GraphBuilder b("step");
   auto w = b.input("w", b.tensor({1000, 500}));
@@ -456,6 +488,24 @@ TEST(ResidencyPlanner, FitsTheBudgetWithCopiesThatHideAndSaysWhenNothingFits) {
         << e.what();
   }
   options.budget_bytes = -1;
+  EXPECT_THROW(plan_residency(m, options, link()), InvalidArgument);
+}
+
+// A copy queued behind a long one lands after the peak: no subset of gaps
+// lowers it (the exact solver finds none), a wait does, at the cost of a stall.
+TEST(ResidencyPlanner, WaitsForAWriteBackWhenOnlyThatLowersThePeak) {
+  ResidencyModel m = ops(16);
+  m.storages.push_back(storage("a", 4 * kMs, {0, 15}));  // D2H from 1 to 5
+  m.storages.push_back(storage("b", kMs, {3}));           // the peak: a and b at op 3
+  ResidencyOptions options;
+  options.min_bytes = 1;
+  options.budget_bytes = 4 * kMs;
+  const ResidencyResult r = plan_residency(m, options, link());
+  ASSERT_EQ(r.plan.gaps.size(), 1u);
+  EXPECT_EQ(r.plan.gaps[0].wait, 3);
+  EXPECT_LE(r.forecast.peak_bytes, options.budget_bytes);
+  EXPECT_DOUBLE_EQ(r.forecast.stall_ms, 2.0);
+  options.strategy = ResidencyStrategy::kExact;  // subsets without waits
   EXPECT_THROW(plan_residency(m, options, link()), InvalidArgument);
 }
 

@@ -10,7 +10,9 @@
 // At each position, in this order:
 //   (1) storages that a D2H has finished copying by the time the compute
 //       stream reaches the position are freed (the runtime lets a buffer go
-//       once its copy's event has completed);
+//       once its copy's event has completed); first, the compute stream
+//       waits for the D2Hs of the storages whose gap's wait falls here
+//       (HostGap::wait), so they are freed here however late their copies;
 //   (2) the H2D copies issued here start, each when the H2D stream is free,
 //       the compute stream has reached the position and the storage's D2H (if
 //       one is under way) has landed; the storage's device bytes are
@@ -394,6 +396,7 @@ class ResidencyReplay {
         wrap_gap_.insert(gap.storage);
       }
       moved_.insert(gap.storage);
+      if (gap.wait > 0) waits_at_[(start + gap.wait) % n_].push_back(gap.storage);
       // Its host copy is written back right after the last write before the gap.
       const std::int32_t written = write_back_position(model_, gap);
       if (written >= 0) {
@@ -504,6 +507,11 @@ class ResidencyReplay {
       if (gap.lead < 1 || gap.lead >= next - start) {
         residency_bad(where + "lead " + std::to_string(gap.lead) + " outside 1.." + std::to_string(next - start - 1));
       }
+      if (gap.wait < 0 || (gap.wait > 0 && gap.wait + gap.lead >= next - start)) {
+        residency_bad(where + "wait " + std::to_string(gap.wait) + " of storage " + st.name +
+                      " not before its copy back (lead " + std::to_string(gap.lead) + " of a gap of " +
+                      std::to_string(next - start) + " positions)");
+      }
       if (!seen.insert({gap.storage, gap.after}).second) residency_bad(where + "the same gap twice");
     }
   }
@@ -556,7 +564,15 @@ class ResidencyReplay {
   }
 
   void position(std::int32_t p, bool reported, ResidencyForecast& out) {
-    // (1) Frees of storages whose D2H has landed.
+    // (1) Frees of storages whose D2H has landed; the compute stream first waits
+    // for those the plan frees here whatever their copy's delay (HostGap::wait).
+    if (auto it = waits_at_.find(p); it != waits_at_.end()) {
+      for (const std::int32_t s : it->second) {
+        if (pending_free_.count(s) == 0 || d2h_done_[s] <= now_) continue;
+        if (reported) stall_ += d2h_done_[s] - now_;
+        now_ = d2h_done_[s];
+      }
+    }
     for (auto it = pending_free_.begin(); it != pending_free_.end();) {
       if (d2h_done_[*it] <= now_) {
         if (reported) out.landed.emplace_back(static_cast<std::int32_t>(*it), p);
@@ -571,6 +587,7 @@ class ResidencyReplay {
     if (auto it = issues_at_.find(p); it != issues_at_.end()) {
       for (const std::size_t s : it->second) {
         if (pending_free_.erase(s) > 0) {  // its D2H has not landed: the buffer is still here
+          if (reported) out.never_left.emplace_back(static_cast<std::int32_t>(s), p);
           h2d_done_[s] = 0;
           recategorise(s, own_category(s));
           continue;
@@ -605,6 +622,7 @@ class ResidencyReplay {
       if (live > out.peak_bytes) {
         out.peak_bytes = live;
         out.peak_op = p;
+        out.in_flight_at_peak.assign(pending_free_.begin(), pending_free_.end());
       }
     }
     if (recording_) {
@@ -769,6 +787,7 @@ class ResidencyReplay {
   std::vector<StreamInterval> intervals_;
   std::map<std::int32_t, std::vector<std::int32_t>> leaves_after_;
   std::map<std::int32_t, std::vector<std::int32_t>> issues_at_;
+  std::map<std::int32_t, std::vector<std::int32_t>> waits_at_;  // HostGap::wait, by position
   std::set<std::int32_t> starts_on_host_;
   std::map<std::int32_t, std::set<std::int32_t>> writebacks_after_;
   std::set<std::int32_t> never_written_;

@@ -33,7 +33,9 @@ under way is let go anyway and the compute stream waits for it: a copy later
 than forecast, or a CPU that runs ahead of the GPU and allocates for later
 ops, would otherwise hold memory the plan gave away (T3 at 75 % went 2.4 %
 over its budget so). The wait is the GPU's, not the host's: a host that
-waited there left the GPU idle behind it each time.
+waited there left the GPU idle behind it each time. A gap's planned wait
+(HostGap::wait, the plan's "wait_pos": the compute stream waits for copies
+queued past a peak) is such a place too, so it needs nothing of its own.
 
 Storages are numbered by first appearance, as the recorder numbered them, so
 the trace's storage ids name the same storages in every step. An op whose
