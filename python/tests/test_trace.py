@@ -306,6 +306,14 @@ def test_a_budget_in_bytes_leaves_room_for_what_the_trace_does_not_account_for(w
     assert plan["forecast"]["host_bytes"] >= plain["forecast"]["host_bytes"]
     with pytest.raises(ValueError, match=r"leaves nothing for the step"):
         spillway.trace.plan(graph, extra, min_bytes=64 << 10)
+    # Bytes given as text are bytes too (T1 at "10.6GiB" went 63 MiB over when text
+    # skipped this); a percentage stays a fraction of the simulated peak.
+    text = spillway.trace.plan(graph, f"{budget / 2**20}MiB", min_bytes=64 << 10)
+    assert text["untracked_bytes"] == extra and text["budget_bytes"] == budget
+    assert text["gaps"] == plan["gaps"]
+    assert spillway.trace.plan(graph, "60%", min_bytes=64 << 10)["untracked_bytes"] == 0
+    with pytest.raises(ValueError, match=r"\[trace\] budget='12 parsecs': unknown unit"):
+        spillway.trace.plan(graph, "12 parsecs")
 
 
 def test_each_budget_gets_a_plan_within_it(wider_step):

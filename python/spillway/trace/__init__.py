@@ -62,7 +62,7 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     everything on the device.
 
     budget: bytes (int), a fraction of the step's own simulated peak (0 < float <= 1),
-    or text ("12GiB", "800MiB", "60%"). A budget in bytes (an int) counts what the
+    or text ("12GiB", "800MiB": bytes; "60%": a fraction). A budget in bytes counts what the
     allocator held that the trace does not account for (its metadata's
     untracked_bytes: cuBLAS workspaces...; "untracked_bytes" in the result), as the
     measured peak does. device_profile: a path or dict (docs/device-profile.md);
@@ -81,10 +81,13 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     import json
 
     from spillway import _C
-    from spillway._budget import device_profile_json
+    from spillway._budget import device_profile_json, parse_memory_budget
     graph = trace.graph if isinstance(trace, Trace) else trace
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
         raise TypeError(f"[trace] budget must be bytes, a fraction or text, got {budget!r}")
+    if isinstance(budget, str):  # "12GiB" is bytes, as an int is; "60%" a fraction
+        kind, number = parse_memory_budget(budget, "trace", "budget", "the step's own simulated peak")
+        budget = float(number) if kind == "fraction" else int(number)
     # Bytes the allocator held that no storage of the step accounts for (cuBLAS's
     # workspaces...: Recorder metadata): a budget in bytes leaves room for them.
     untracked = int(graph.get("metadata", {}).get("untracked_bytes", 0))
@@ -101,8 +104,6 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
                              f"{untracked} bytes the step does not account for (cuBLAS "
                              f"workspaces, tensors it never touched) are allocated already")
         budget = str(budget - untracked)
-    else:
-        untracked = 0
     if host_adamw_gbs is not None and (isinstance(host_adamw_gbs, bool) or
                                        not isinstance(host_adamw_gbs, (int, float)) or
                                        not host_adamw_gbs > 0):
