@@ -311,6 +311,21 @@ def _profile_step(fn, method: str, args) -> None:
         torch.cuda.synchronize()
     raw = out / f"{method.replace(':', '_').replace('=', '')}.trace.json"
     prof.export_chrome_trace(str(raw))
+    # And one under cProfile: where the issuing thread's time goes, by Python function
+    # (the replay's bookkeeping, its waits), which the Chrome trace shows only as gaps.
+    import cProfile
+    import io
+    import pstats
+    python_profile = cProfile.Profile()
+    python_profile.enable()
+    fn()
+    torch.cuda.synchronize()
+    python_profile.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(python_profile, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    raw.with_suffix(".cprofile.txt").write_text(text.getvalue())
     with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
     raw.unlink()
