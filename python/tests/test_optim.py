@@ -10,6 +10,7 @@ AdamW(fused=True) is the probe's and the CUDA tests' (scripts/device-check).
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -276,3 +277,25 @@ def test_cuda_host_adamw_equals_fused_adamw_on_the_gpu(mode):
             for o in (opt, ref, ctl):
                 o.zero_grad()
         opt.close()
+
+
+def test_the_host_adamw_benchmark_runs_under_load(tmp_path):
+    """bench/torch/host_adamw.py --load, small: every row a positive speed, the busy
+    thread's rows there (the copies' only with CUDA), and the load reported."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    out = tmp_path / "host_adamw.json"
+    run = subprocess.run([sys.executable, str(repo / "bench/torch/host_adamw.py"), "--elements",
+                          "64K", "--repeat", "1", "--load", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(repo / "python")})
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert all(r["gb_per_s"] > 0 for r in rows)
+    busy = [r for r in rows if r["method"].endswith("under busy thread")]
+    assert busy and "k ops/s" in busy[-1]["load"]
+    copies = [r for r in rows if "under copies" in r["method"]]
+    assert bool(copies) == torch.cuda.is_available()
