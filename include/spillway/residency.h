@@ -15,6 +15,7 @@
 // Thread-safety: pure functions; a CostModel is immutable.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -174,6 +175,26 @@ struct ResidencyForecast {
 // [Residency replay] in src/sim/residency.cc.
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
                                      const CostModel& cost, bool record_timeline = false);
+
+// simulate_residency for many plans with the same host updates: the model those
+// updates leave, and what every replay of it indexes, are made once (the
+// planner's search simulates thousands of plans per choice of host updates).
+// `model` must outlive it (the cost model is copied). Throws InvalidArgument as
+// apply_host_updates does, and from simulate() on a plan whose host_updated
+// differs.
+class ResidencySimulation {
+ public:
+  ResidencySimulation(const ResidencyModel& model, const std::vector<std::int32_t>& host_updated,
+                      const CostModel& cost);
+  ~ResidencySimulation();
+  ResidencySimulation(const ResidencySimulation&) = delete;
+  ResidencySimulation& operator=(const ResidencySimulation&) = delete;
+  ResidencyForecast simulate(const ResidencyPlan& plan, bool record_timeline = false) const;
+  struct Basis;
+
+ private:
+  std::unique_ptr<Basis> basis_;
+};
 
 // A forecast recorded with its timeline as the simulator's result, for its
 // writers (chrome_trace, memory_svg); `graph` is the one the model was made

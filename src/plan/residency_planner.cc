@@ -195,8 +195,8 @@ std::string shown_bytes(std::int64_t bytes) {
 // one op longer, else doubled, in turn, kept when the plan still fits and gets
 // faster; rounds until nothing improves (at most 4, and 64 tries per gap in
 // all).
-void tune_leads(const ResidencyModel& original, const ResidencyModel& model, const ResidencyOptions& options,
-                const CostModel& cost, ResidencyPlan& plan, ResidencyForecast& f) {
+void tune_leads(const ResidencySimulation& simulation, const ResidencyModel& model, const ResidencyOptions& options,
+                ResidencyPlan& plan, ResidencyForecast& f) {
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
   int budget = 64 * static_cast<int>(plan.gaps.size());
   for (int round = 0; round < 4 && f.stall_ms > 0 && budget > 0; ++round) {
@@ -212,7 +212,7 @@ void tune_leads(const ResidencyModel& original, const ResidencyModel& model, con
       for (const std::int32_t lead : {was + 1, std::min(widest, 2 * was)}) {
         if (lead <= was || lead > widest) continue;
         gap.lead = lead;
-        const ResidencyForecast trial = simulate_residency(original, plan, cost);
+        const ResidencyForecast trial = simulation.simulate(plan);
         if (fits_budget(trial, options) && trial.step_ms < f.step_ms - 1e-9) {
           f = trial;
           improved = true;
@@ -236,7 +236,8 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
   const ResidencyModel transformed = host.empty() ? ResidencyModel{} : apply_host_updates(original, host);
   const ResidencyModel& model = host.empty() ? original : transformed;
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
-  auto simulate = [&](const ResidencyPlan& plan) { return simulate_residency(original, plan, cost); };
+  const ResidencySimulation simulation(original, host, cost);
+  auto simulate = [&](const ResidencyPlan& plan) { return simulation.simulate(plan); };
   auto plan_with = [&](const std::vector<GapCandidate>& all, const std::vector<bool>& chosen,
                        const std::vector<std::int32_t>& waits = {}) {
     return spillway::plan_with(all, chosen, waits, host);
@@ -469,7 +470,7 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
     }
   }
   result.plan = plan_with(all, chosen, waits);
-  if (options.tune_leads) tune_leads(original, model, options, cost, result.plan, f);
+  if (options.tune_leads) tune_leads(simulation, model, options, result.plan, f);
   result.forecast = f;
   return result;
 }

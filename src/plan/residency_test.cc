@@ -367,6 +367,27 @@ TEST(ResidencyHostUpdate, AParameterSpendingTheWrapOnTheHostLeavesWithoutACopy) 
   EXPECT_DOUBLE_EQ(f.stall_ms, 18 - 10);
 }
 
+// One simulation made for a choice of host updates gives every plan with that
+// choice what simulate_residency gives, and refuses a plan with another choice.
+TEST(ResidencyHostUpdate, ASimulationMadeOnceForAChoiceOfHostUpdatesGivesWhatEachCallDoes) {
+  const ResidencyModel m = adamw_step(3);
+  const ResidencySimulation with_update(m, {0}, link());
+  const ResidencySimulation without(m, {}, link());
+  ResidencyPlan hosted;
+  hosted.host_updated = {0};
+  for (const ResidencyPlan& plan : {ResidencyPlan{}, hosted}) {
+    const ResidencySimulation& simulation = plan.host_updated.empty() ? without : with_update;
+    const ResidencyForecast once = simulation.simulate(plan, true);
+    const ResidencyForecast each = simulate_residency(m, plan, link(), true);
+    EXPECT_DOUBLE_EQ(once.step_ms, each.step_ms);
+    EXPECT_EQ(once.peak_bytes, each.peak_bytes);
+    EXPECT_EQ(once.live_bytes, each.live_bytes);
+    EXPECT_EQ(once.timeline.size(), each.timeline.size());
+  }
+  EXPECT_THROW(with_update.simulate(ResidencyPlan{}), InvalidArgument);
+  EXPECT_THROW(ResidencySimulation(m, {7}, link()), InvalidArgument);
+}
+
 TEST(ResidencyHostUpdate, ThePlannerTakesWhicheverIsFasterAndNeverForAStepThatFits) {
   auto planned = [](const ResidencyModel& m, std::int64_t budget, ResidencyOptions::HostUpdates mode) {
     ResidencyOptions o;

@@ -350,14 +350,48 @@ struct CopyLane {
   }
 };
 
+}  // namespace
+
+// What every replay of plans with the same host updates shares: the model they
+// leave, and each position's uses and last uses.
+struct ResidencySimulation::Basis {
+  Basis(const ResidencyModel& model, const std::vector<std::int32_t>& host, const CostModel& cost)
+      : original(model),
+        host_updated(host),
+        owned(host.empty() ? ResidencyModel{} : apply_host_updates(model, host)),
+        transformed(host.empty() ? model : owned),
+        cost(cost) {
+    const auto n = transformed.op_ms.size();
+    uses_by_position.assign(n, {});
+    last_by_position.assign(n, {});
+    for (std::size_t s = 0; s < transformed.storages.size(); ++s) {
+      const ResidencyStorage& st = transformed.storages[s];
+      for (std::int32_t p : st.uses) uses_by_position[p].push_back(s);
+      if (!st.across_steps && !st.kept && !st.uses.empty()) {
+        last_by_position[std::max(st.uses.back(), st.freed_after)].push_back(s);
+      }
+    }
+  }
+  const ResidencyModel& original;
+  const std::vector<std::int32_t> host_updated;
+  const ResidencyModel owned;  // the model with the host updates applied (when any)
+  const ResidencyModel& transformed;
+  const CostModel cost;  // a copy: a temporary cost model is easy to pass
+  std::vector<std::vector<std::size_t>> uses_by_position, last_by_position;
+};
+
+namespace {
+
 class ResidencyReplay {
  public:
-  ResidencyReplay(const ResidencyModel& model, const ResidencyPlan& plan, const CostModel& cost, bool record)
-      : owned_(plan.host_updated.empty() ? ResidencyModel{} : apply_host_updates(model, plan.host_updated)),
-        model_(plan.host_updated.empty() ? model : owned_),
-        cost_(cost),
-        n_(static_cast<std::int32_t>(model.op_ms.size())),
-        record_(record) {
+  ResidencyReplay(const ResidencySimulation::Basis& basis, const ResidencyPlan& plan, bool record)
+      : model_(basis.transformed),
+        cost_(basis.cost),
+        n_(static_cast<std::int32_t>(basis.original.op_ms.size())),
+        record_(record),
+        uses_by_position_(basis.uses_by_position),
+        last_by_position_(basis.last_by_position) {
+    const ResidencyModel& model = basis.original;
     check(plan);
     for (const std::int32_t k : plan.host_updated) {
       const HostUpdate& u = model.host_updates[k];
@@ -734,33 +768,15 @@ class ResidencyReplay {
     deferred_[u].clear();
   }
 
-  const std::vector<std::size_t>& uses_at(std::int32_t p) {
-    if (uses_by_position_.empty()) index_uses();
-    return uses_by_position_[p];
-  }
-  const std::vector<std::size_t>& last_uses_at(std::int32_t p) {
-    if (uses_by_position_.empty()) index_uses();
-    return last_by_position_[p];
-  }
+  const std::vector<std::size_t>& uses_at(std::int32_t p) const { return uses_by_position_[p]; }
+  const std::vector<std::size_t>& last_uses_at(std::int32_t p) const { return last_by_position_[p]; }
   bool writes_at(std::size_t s, std::int32_t p) const {
     const ResidencyStorage& st = model_.storages[s];
     const auto it = std::lower_bound(st.uses.begin(), st.uses.end(), p);
     return it != st.uses.end() && *it == p && st.writes[it - st.uses.begin()];
   }
-  void index_uses() {
-    uses_by_position_.assign(n_, {});
-    last_by_position_.assign(n_, {});
-    for (std::size_t s = 0; s < model_.storages.size(); ++s) {
-      const ResidencyStorage& st = model_.storages[s];
-      for (std::int32_t p : st.uses) uses_by_position_[p].push_back(s);
-      if (!st.across_steps && !st.kept && !st.uses.empty()) {
-        last_by_position_[std::max(st.uses.back(), st.freed_after)].push_back(s);
-      }
-    }
-  }
 
-  const ResidencyModel owned_;  // the model with the plan's host updates applied (when any)
-  const ResidencyModel& model_;
+  const ResidencyModel& model_;  // with the plan's host updates applied (when any)
   const CostModel& cost_;
   const std::int32_t n_;
   const bool record_;
@@ -792,7 +808,8 @@ class ResidencyReplay {
   std::map<std::int32_t, std::set<std::int32_t>> writebacks_after_;
   std::set<std::int32_t> never_written_;
   std::set<std::int32_t> moved_;
-  std::vector<std::vector<std::size_t>> uses_by_position_, last_by_position_;
+  const std::vector<std::vector<std::size_t>>& uses_by_position_;
+  const std::vector<std::vector<std::size_t>>& last_by_position_;
   std::vector<bool> on_device_, host_valid_, alive_;
   std::vector<double> d2h_done_, h2d_done_;
   std::set<std::size_t> pending_free_;
@@ -816,9 +833,22 @@ std::int32_t write_back_position(const ResidencyModel& model, const HostGap& gap
   return -1;
 }
 
+ResidencySimulation::ResidencySimulation(const ResidencyModel& model, const std::vector<std::int32_t>& host_updated,
+                                         const CostModel& cost)
+    : basis_(std::make_unique<Basis>(model, host_updated, cost)) {}
+
+ResidencySimulation::~ResidencySimulation() = default;
+
+ResidencyForecast ResidencySimulation::simulate(const ResidencyPlan& plan, bool record_timeline) const {
+  if (plan.host_updated != basis_->host_updated) {
+    residency_bad("a plan with other host updates than the simulation was made for");
+  }
+  return ResidencyReplay(*basis_, plan, record_timeline).run();
+}
+
 ResidencyForecast simulate_residency(const ResidencyModel& model, const ResidencyPlan& plan,
                                      const CostModel& cost, bool record_timeline) {
-  return ResidencyReplay(model, plan, cost, record_timeline).run();
+  return ResidencySimulation(model, plan.host_updated, cost).simulate(plan, record_timeline);
 }
 
 SimResult residency_sim_result(const Graph& graph, const ResidencyModel& model,
