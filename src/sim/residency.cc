@@ -56,7 +56,9 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <functional>
 #include <map>
+#include <queue>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -607,15 +609,21 @@ class ResidencyReplay {
         now_ = d2h_done_[s];
       }
     }
-    for (auto it = pending_free_.begin(); it != pending_free_.end();) {
-      if (d2h_done_[*it] <= now_) {
-        if (reported) out.landed.emplace_back(static_cast<std::int32_t>(*it), p);
-        recategorise(*it, own_category(*it));
-        release(*it);
-        it = pending_free_.erase(it);
-      } else {
-        ++it;
-      }
+    // The landing times come off a heap (an entry whose storage has since come back, or
+    // left again with a later copy, is stale); those landed go in index order.
+    landed_now_.clear();
+    while (!landing_.empty() && landing_.top().first <= now_) {
+      const auto [at, s] = landing_.top();
+      landing_.pop();
+      if (pending_free_.count(s) > 0 && d2h_done_[s] == at) landed_now_.push_back(s);
+    }
+    std::sort(landed_now_.begin(), landed_now_.end());
+    landed_now_.erase(std::unique(landed_now_.begin(), landed_now_.end()), landed_now_.end());
+    for (const std::size_t s : landed_now_) {
+      if (reported) out.landed.emplace_back(static_cast<std::int32_t>(s), p);
+      recategorise(s, own_category(s));
+      release(s);
+      pending_free_.erase(s);
     }
     // (2) Copies back issued here.
     if (auto it = issues_at_.find(p); it != issues_at_.end()) {
@@ -700,7 +708,7 @@ class ResidencyReplay {
     if (auto it = leaves_after_.find(p); it != leaves_after_.end()) {
       for (std::int32_t s : it->second) {
         if (host_valid_[s] && d2h_done_[s] > now_) {
-          pending_free_.insert(s);  // its write-back is under way
+          await_landing(s);  // its write-back is under way
           recategorise(s, kInFlight);
         } else if (host_valid_[s]) {
           release(s);
@@ -708,7 +716,7 @@ class ResidencyReplay {
           d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false, p);
           d2h_bytes_ += model_.storages[s].bytes;
           host_valid_[s] = true;
-          pending_free_.insert(s);
+          await_landing(s);
           recategorise(s, kInFlight);
         }
       }
@@ -717,7 +725,7 @@ class ResidencyReplay {
       alive_[s] = false;
       host_valid_[s] = false;
       if (update_grad_.count(static_cast<std::int32_t>(s)) && d2h_done_[s] > now_) {
-        pending_free_.insert(s);  // a gradient on its way to the host update
+        await_landing(s);  // a gradient on its way to the host update
         recategorise(s, kInFlight);
         continue;
       }
@@ -768,6 +776,12 @@ class ResidencyReplay {
     deferred_[u].clear();
   }
 
+  // Storage s is on the device until its D2H lands (step (1) frees it then).
+  void await_landing(std::size_t s) {
+    pending_free_.insert(s);
+    landing_.emplace(d2h_done_[s], s);
+  }
+
   const std::vector<std::size_t>& uses_at(std::int32_t p) const { return uses_by_position_[p]; }
   const std::vector<std::size_t>& last_uses_at(std::int32_t p) const { return last_by_position_[p]; }
   bool writes_at(std::size_t s, std::int32_t p) const {
@@ -813,6 +827,11 @@ class ResidencyReplay {
   std::vector<bool> on_device_, host_valid_, alive_;
   std::vector<double> d2h_done_, h2d_done_;
   std::set<std::size_t> pending_free_;
+  // (landing time, storage) of the D2Hs pending_free_ waits for, soonest first.
+  std::priority_queue<std::pair<double, std::size_t>, std::vector<std::pair<double, std::size_t>>,
+                      std::greater<>>
+      landing_;
+  std::vector<std::size_t> landed_now_;
   CopyLane d2h_, h2d_;
   double now_ = 0;
   double stall_ = 0;
