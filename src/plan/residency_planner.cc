@@ -369,6 +369,7 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
                                            c.gap.storage)) {
         continue;  // gone there already
       }
+      if (chosen[i] && waits[i] > 0 && c.start + waits[i] <= q) continue;  // waits only move earlier
       late.emplace_back(i, q);
     }
     if (!late.empty()) {

@@ -55,8 +55,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
 #include <queue>
 #include <set>
