@@ -138,12 +138,14 @@ def main(argv=None) -> int:
         rows.append({"method": name, "threads": threads, "ms": seconds * 1e3,
                      "gb_per_s": 28 * n / seconds / 1e9})
 
+    def spillway_update(form, threads):
+        return lambda: torch.ops.spillway.adamw_update_(
+            p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 1e-2, False, 0.9, 0.999,
+            arithmetic_code(form), threads)
+
     for form in ARITHMETICS:
         for threads in sorted({1, host_threads(), cpus}):
-            add(f"spillway {form}", threads, _median_s(
-                lambda: torch.ops.spillway.adamw_update_(
-                    p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 1e-2, False, 0.9, 0.999,
-                    arithmetic_code(form), threads), args.repeat))
+            add(f"spillway {form}", threads, _median_s(spillway_update(form, threads), args.repeat))
     for name, kwargs in (("torch AdamW(fused=True)", dict(fused=True)),
                          ("torch AdamW(foreach=True)", dict(foreach=True))):
         q = torch.randn(n, requires_grad=True)
@@ -160,10 +162,8 @@ def main(argv=None) -> int:
                 continue
             with _Load(copies="copies" in load, busy="busy" in load) as under:
                 for threads in counts:
-                    add(f"spillway {form}, under {load}", threads, _median_s(
-                        lambda: torch.ops.spillway.adamw_update_(
-                            p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 1e-2, False, 0.9, 0.999,
-                            arithmetic_code(form), threads), args.repeat))
+                    add(f"spillway {form}, under {load}", threads,
+                        _median_s(spillway_update(form, threads), args.repeat))
             rows[-1]["load"] = under.report()
 
     lines = [f"host AdamW, {n} fp32 elements ({28 * n / 1e9:.2f} GB moved per update), "

@@ -927,10 +927,10 @@ def _write(results: list[dict], passthrough: list[str], args) -> str:
     return table
 
 
-
 def _tail(text) -> str:
     """The last three lines a method printed, on one line: what an error row shows."""
     return " / ".join((text or "").strip().splitlines()[-3:])
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,

@@ -190,6 +190,8 @@ class ResidencySimulation {
   ResidencySimulation(const ResidencySimulation&) = delete;
   ResidencySimulation& operator=(const ResidencySimulation&) = delete;
   ResidencyForecast simulate(const ResidencyPlan& plan, bool record_timeline = false) const;
+  // The model as the host updates leave it (apply_host_updates; `model` itself for none).
+  const ResidencyModel& model() const;
   struct Basis;
 
  private:

@@ -123,18 +123,9 @@ std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const Resi
       c.gone = gone;
       c.back = next - lead;
       c.next = next;
-      c.written = start;
-      if (stale) {  // the last write at or before the start; for a storage kept across steps,
-                    // possibly in the step before
-        for (std::int32_t j = k + uses; j > k; --j) {
-          const std::int32_t w = j % uses;
-          if (w > k && !st.across_steps) continue;
-          if (st.writes[w]) {
-            c.written = st.uses[w] - (w > k ? n : 0);
-            break;
-          }
-        }
-      }
+      // Unrolled: a write in the step before (a storage kept across steps) is below 0.
+      const std::int32_t written = write_back_position(model, c.gap);
+      c.written = written < 0 ? start : written - (written > start ? n : 0);
       c.bytes = st.bytes;
       const double copies = cost.h2d_ms(st.bytes) + (stale ? cost.d2h_ms(st.bytes) : 0);
       c.unhidden_ms = std::max(0.0, copies - inside);
@@ -144,15 +135,18 @@ std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const Resi
   return out;
 }
 
+// Position p (of the step, or as the next step's, p + n) unrolled into the
+// candidate's gap from position `from` until its copy back is issued, or -1.
+std::int32_t in_gap(const GapCandidate& c, std::int32_t p, std::int32_t n, std::int32_t from) {
+  for (const std::int32_t q : {p, p + n}) {
+    if (from <= q && q < c.back) return q;
+  }
+  return -1;
+}
+
 // Whether the candidate keeps its storage off the device at position p (as
 // far as the plan can tell before simulating it).
-bool gap_holds_off(const GapCandidate& c, std::int32_t p, std::int32_t n) {
-  for (std::int32_t shift : {0, n}) {
-    const std::int32_t q = p + shift;
-    if (c.gone <= q && q < c.back) return true;
-  }
-  return false;
-}
+bool gap_holds_off(const GapCandidate& c, std::int32_t p, std::int32_t n) { return in_gap(c, p, n, c.gone) >= 0; }
 
 // Bytes above the budget, summed over positions: what a step towards fitting lowers
 // even where two positions share the peak.
@@ -233,10 +227,9 @@ namespace {
 // its gaps chosen on the model they leave.
 ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std::vector<std::int32_t>& host,
                                        const ResidencyOptions& options, const CostModel& cost) {
-  const ResidencyModel transformed = host.empty() ? ResidencyModel{} : apply_host_updates(original, host);
-  const ResidencyModel& model = host.empty() ? original : transformed;
-  const auto n = static_cast<std::int32_t>(model.op_ms.size());
   const ResidencySimulation simulation(original, host, cost);
+  const ResidencyModel& model = simulation.model();  // as the host updates leave it
+  const auto n = static_cast<std::int32_t>(model.op_ms.size());
   auto simulate = [&](const ResidencyPlan& plan) { return simulation.simulate(plan); };
   auto plan_with = [&](const std::vector<GapCandidate>& all, const std::vector<bool>& chosen,
                        const std::vector<std::int32_t>& waits = {}) {
@@ -313,13 +306,6 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
     if (!chosen[i]) order.push_back(i);
     chosen[i] = true;
   };
-  // The peak's position as the unrolled positions a candidate may span.
-  auto within = [](const GapCandidate& c, std::int32_t p, std::int32_t n, std::int32_t from) -> std::int32_t {
-    for (const std::int32_t q : {p, p + n}) {
-      if (from < q && q < c.back) return q;
-    }
-    return -1;
-  };
   ResidencyForecast f = result.unplanned;
   // Every round adds a gap, moves a wait earlier or bans a gap, so the search ends;
   // the cap only guards that reasoning.
@@ -363,7 +349,7 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
     for (std::size_t i = 0; i < all.size(); ++i) {
       const GapCandidate& c = all[i];
       if (banned[i]) continue;
-      const std::int32_t q = within(c, f.peak_op, n, c.start);  // before its copy back
+      const std::int32_t q = in_gap(c, f.peak_op, n, c.start + 1);  // before its copy back
       if (q < 0) continue;
       if (chosen[i] && !std::binary_search(f.in_flight_at_peak.begin(), f.in_flight_at_peak.end(),
                                            c.gap.storage)) {
@@ -400,7 +386,7 @@ ResidencyResult plan_with_host_updates(const ResidencyModel& original, const std
     // Only gaps around the peak can lower it: at most 64 of them, largest first.
     std::vector<std::size_t> near;
     for (std::size_t i = 0; i < all.size(); ++i) {
-      if (!banned[i] && within(all[i], f.peak_op, n, all[i].start) >= 0) near.push_back(i);
+      if (!banned[i] && in_gap(all[i], f.peak_op, n, all[i].start + 1) >= 0) near.push_back(i);
     }
     std::sort(near.begin(), near.end(), [&](std::size_t a, std::size_t b) { return all[a].bytes > all[b].bytes; });
     if (near.size() > 64) near.resize(64);

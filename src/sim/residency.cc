@@ -858,6 +858,8 @@ ResidencySimulation::ResidencySimulation(const ResidencyModel& model, const std:
 
 ResidencySimulation::~ResidencySimulation() = default;
 
+const ResidencyModel& ResidencySimulation::model() const { return basis_->transformed; }
+
 ResidencyForecast ResidencySimulation::simulate(const ResidencyPlan& plan, bool record_timeline) const {
   if (plan.host_updated != basis_->host_updated) {
     residency_bad("a plan with other host updates than the simulation was made for");

@@ -260,8 +260,10 @@ class Replay(TorchDispatchMode):
             # weight written by the optimizer has its forward and backward gaps after
             # the same write): a second copy of the same bytes moved nothing new (T3
             # at 50 % wrote 4.9 GB of 27.7 twice a step).
-            if gap["write_back_pos"] >= 0 and sid not in after_write_back[op_at[gap["write_back_pos"]]]:
-                after_write_back[op_at[gap["write_back_pos"]]].append(sid)
+            if gap["write_back_pos"] >= 0:
+                written = after_write_back[op_at[gap["write_back_pos"]]]
+                if sid not in written:
+                    written.append(sid)
         # Host updates (Note [Host updates in replay]): the op each replaces, where each
         # gradient is complete, and the storages each keeps on the host.
         self._host_ops: dict[int, dict] = {}
