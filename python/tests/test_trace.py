@@ -960,20 +960,23 @@ def test_cuda_replay_is_bit_exact_and_lowers_the_measured_peak(host):
 
 
 def test_the_t3_benchmark_runs_and_checks_its_results(tmp_path):
-    """bench/torch/t3.py on a tiny model on CPU: the reference, then record, plan and
-    replay in their own processes; losses of every step and the checksums of every
+    """bench/torch/t3.py on a tiny model on CPU: the reference and its control (a second
+    run that must reproduce it), then record, plan and replay in their own processes; losses of every step and the checksums of every
     parameter and AdamW state after the last equal the reference's (the GPU run's
     check), with no miss."""
     import sys
     out = tmp_path / "t3.json"
     done = subprocess.run(
         [sys.executable, str(REPO / "bench/torch/t3.py"), "--tiny", "--device", "cpu",
-         "--method", "none", "--method", "spillway:budget=0.5",
+         "--method", "none", "--method", "none", "--method", "spillway:budget=0.5",
          "--method", "spillway:budget=0.3:host", "--min-bytes", "16384",
          "--steps", "4", "--work", str(tmp_path), "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    results = {r["method"]: r for r in json.loads(out.read_text())}
+    rows = json.loads(out.read_text())
+    control = rows[1]  # the second `none`: the reference reproduced itself
+    assert control["method"] == "none" and control["losses_equal"] and control["state_equal"]
+    results = {r["method"]: r for r in rows}
     for method in ("spillway:budget=0.5", "spillway:budget=0.3:host"):
         spill = results[method]
         assert spill["losses_equal"] is True and spill["state_equal"] is True, method

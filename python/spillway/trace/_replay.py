@@ -180,6 +180,8 @@ class Replay(TorchDispatchMode):
                        "copies_back": 0, "bytes_d2h": 0, "bytes_h2d": 0, "recorded": 0,
                        # ms the host AdamW worker computed, and ms the step waited for it
                        "host_busy_ms": 0.0, "update_wait_ms": 0.0,
+                       # ms the host waited for a write-back to land (_land)
+                       "land_wait_ms": 0.0,
                        # the compute stream's waits for write-backs the forecast has
                        # landed (_wait_landed)
                        "landing_waits": 0}
@@ -512,6 +514,7 @@ class Replay(TorchDispatchMode):
             began = time.perf_counter()
             m.d2h.synchronize()
             waited = (time.perf_counter() - began) * 1e3
+            self._stats["land_wait_ms"] += waited
         self._poll_one(m, storage)
         return waited
 
