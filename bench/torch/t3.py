@@ -13,7 +13,7 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
     none                  everything on the GPU: the reference (runs first; its peak X,
                           losses and the checksums of every parameter and AdamW state
                           after each step go to --work)
-    spillway:budget=F[:host]
+    spillway:budget=F[:host][:threads=N]
                           step 1 plain (AdamW makes its state), step 2 recorded
                           (spillway.trace.record), planned for F * X (spillway.trace.plan),
                           steps 3.. replayed (spillway.trace.replay). AdamW has one
@@ -22,7 +22,8 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
                           element as one group: bitwise equal, checked against none);
                           :host lets the plan run AdamW on the host CPUs (their speed
                           measured first, spillway.optim.measure_host_adamw_gbs) when
-                          its forecast is faster (Note [Host updates in replay])
+                          its forecast is faster (Note [Host updates in replay]);
+                          :threads=N runs it on N threads (SPILLWAY_HOST_THREADS)
     spillway-hostadam     spillway.optim.HostAdamW(step_in_backward=True, free_grads=True):
                           the AdamW state on the host, each parameter updated on the CPU
                           as soon as its gradient is complete, during backward, in the
@@ -225,10 +226,14 @@ def run_one(method: str, args) -> dict:
             import spillway.trace
             with spillway.trace.record(model, optimizer) as recording:
                 loss, ms = timed(lambda: step(ids))
-            fraction, _, host = option.removeprefix("budget=").partition(":")
+            fraction, *flags = option.removeprefix("budget=").split(":")
             budget = float(fraction) * args.reference_peak
+            for flag in flags:  # threads=N: the host AdamW's threads (planned and run so)
+                if flag.startswith("threads="):
+                    os.environ["SPILLWAY_HOST_THREADS"] = flag.removeprefix("threads=")
+                    result["host_threads"] = int(flag.removeprefix("threads="))
             gbs = None
-            if host == "host":  # AdamW may run on the host: at the speed measured here
+            if "host" in flags:  # AdamW may run on the host: at the speed measured here
                 from spillway.optim import measure_host_adamw_gbs
                 gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs()
             if args.save_trace:  # for planning it elsewhere: spillway simulate, plan()

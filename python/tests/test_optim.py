@@ -223,6 +223,18 @@ def test_bad_arguments_are_refused_with_their_name():
                                          0.0, False, 0.9, 0.999, 0, 1)
 
 
+def test_the_host_thread_count_follows_spillway_host_threads(monkeypatch):
+    from spillway.optim._probe import host_threads
+    monkeypatch.setenv("SPILLWAY_HOST_THREADS", "3")
+    assert host_threads() == 3
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("SPILLWAY_HOST_THREADS", bad)
+        with pytest.raises(ValueError, match="SPILLWAY_HOST_THREADS"):
+            host_threads()
+    monkeypatch.delenv("SPILLWAY_HOST_THREADS")
+    assert host_threads() >= 1
+
+
 @pytest.mark.parametrize("arithmetic", ARITHMETICS)
 def test_powers_made_a_block_of_steps_at_a_time_are_those_of_each_step(arithmetic):
     """device_powers makes 1024 steps' bias-correction powers per round trip to the

@@ -32,8 +32,13 @@ def host_threads() -> int:
     """The host update's default thread count: the CPUs this process may use, less two
     when there are more than four. The update runs while the step goes on: the Python
     thread and autograd's device thread that launch its kernels keep a CPU each, or
-    the GPU would wait for them."""
+    the GPU would wait for them. SPILLWAY_HOST_THREADS, a positive integer, sets it."""
     import os
+    forced = os.environ.get("SPILLWAY_HOST_THREADS")
+    if forced:
+        if not forced.isdigit() or int(forced) < 1:
+            raise ValueError(f"SPILLWAY_HOST_THREADS must be a positive integer, not {forced!r}")
+        return int(forced)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else (os.cpu_count() or 1)
     return cpus - 2 if cpus > 4 else cpus
