@@ -752,6 +752,26 @@ def _divergent_steps(device):
         assert replay.stats()["misses"] == 4
 
 
+def test_a_changed_shape_where_nothing_is_planned_is_caught_where_it_happens():
+    """Ops with nothing planned at them take the replay's short path: a shape unlike
+    the trace's there is a divergence at that very op, not one noticed later."""
+    model, opt, twin, twin_opt, ids = _twins(11)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    replay = spillway.trace.replay(trace, {"gaps": [], "storages": {}})  # every op quiet
+    short = ids[:, :64]
+    with replay:
+        with replay.step():
+            a = _llama_step(model, opt, short, 2)
+        assert torch.equal(a, _llama_step(twin, twin_opt, short, 2))
+        assert replay.stats()["misses"] == 1
+        assert "outputs [" in replay.last_miss, replay.last_miss
+        with replay.step():  # the trace's shapes again: followed
+            a = _llama_step(model, opt, ids, 3)
+        assert torch.equal(a, _llama_step(twin, twin_opt, ids, 3))
+        assert replay.stats()["misses"] == 1, replay.last_miss
+    _same(model, opt, twin, twin_opt)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_skipped_layer_diverges_and_stays_exact(device):
     with _on(device):
