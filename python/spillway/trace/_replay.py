@@ -969,7 +969,6 @@ class Replay(TorchDispatchMode):
             self._after_op(name, _tensors(out, []), following, k)
         return out
 
-
     # An op followed with nothing planned at it (self._quiet[k]), its target checked:
     # what _before_op and _after_op do for it, inline (the dispatch mode is the replay's
     # whole overhead where nothing moves: T3 runs 6643 ops a step, 5 of 6 of them quiet).
