@@ -805,6 +805,16 @@ def test_replay_misuse_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"^\[replay\] step\(\) runs inside `with replay:`"):
         with replay.step():
             pass
+    # Ops under the entered replay before its first step (a loss read, a checksum)
+    # are no step's ops: they run, bring back what they read, and count nothing.
+    expected = [p.float().sum().item() for p in twin.parameters()]
+    with replay:
+        assert [p.float().sum().item() for p in model.parameters()] == expected
+        with replay.step():
+            loss = _llama_step(model, opt, ids, 2)
+        assert loss.float().item() == _llama_step(twin, twin_opt, ids, 2).float().item()
+        assert replay.stats()["misses"] == 0 and replay.stats()["steps"] == 1
+    _same(model, opt, twin, twin_opt)
 
 
 class _Gated(torch.nn.Module):

@@ -208,6 +208,7 @@ class Replay(TorchDispatchMode):
         self._jobs = None  # the host updates' worker: a queue, made at the first
         self._worker_error: BaseException | None = None
         self._in_step = False
+        self._k, self._following = 0, True  # the op to come, and whether the step follows the trace
         self._watching = False
         self._memory: list = []
         self._load(trace, plan)
