@@ -271,7 +271,12 @@ def run_one(method: str, args) -> dict:
                               "budget_bytes": plan["budget_bytes"], "gaps": len(plan["gaps"]),
                               "host_bytes": f["host_bytes"], "bytes_d2h": f["bytes_d2h"],
                               "bytes_h2d": f["bytes_h2d"], "stall_ms": f["stall_ms"],
-                              "host_busy_ms": f["host_busy_ms"]}
+                              "host_busy_ms": f["host_busy_ms"],
+                              # the host thread (Note [The host in residency replay])
+                              "host_issue_ms": f.get("host_issue_ms", 0.0),
+                              "host_blocked_ms": f.get("host_blocked_ms", 0.0),
+                              "host_late_ms": f.get("host_late_ms", 0.0),
+                              "replay_op_us": plan.get("replay_op_us", 0.0)}
     if not result["sums"]:
         result["sums"] = _state_sums(model, optimizer)  # after the last timed step
     result["rss_bytes"] = _rss_bytes()
@@ -428,6 +433,10 @@ def _report(results, args, quiet: bool = False) -> None:
             continue
         f = r.get("forecast")
         forecast = (f"{f['step_ms']:.1f} ms / {f['peak_bytes'] / GIB:.2f} GiB" if f else "")
+        if f and f.get("host_issue_ms"):
+            forecast += (f" (host {f['host_issue_ms']:.0f} ms issuing, "
+                         f"{f['host_blocked_ms']:.0f} blocked; {f['replay_op_us']:.1f} us/op "
+                         f"the replay's own)")
         if r.get("host_updates"):
             forecast += (f" (AdamW on the host: {r['host_updates']} ops, "
                          f"{r['host_adamw_gbs']:.0f} GB/s)")

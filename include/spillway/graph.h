@@ -210,6 +210,12 @@ struct Node {
   // them go (a gradient that zero_grad let go of, long after its last use):
   // the residency model keeps such a storage until then.
   std::vector<std::int64_t> frees;
+  // Appended after format v1's first release (absent: unknown). The host CPU
+  // time the program spent on this op when the op ran on a GPU: the Python
+  // and autograd-engine work since the op before, and the op's own dispatch
+  // and kernel launches (a recorded step measures it; the residency simulator
+  // lets an op start no earlier than the host has issued it).
+  std::optional<double> cpu_ms;
 
   // Calls fn(NodeId) for every node reference in args then kwargs, in order,
   // descending into lists. A node referenced twice is visited twice.

@@ -68,6 +68,13 @@ struct ResidencyModel {
   std::vector<ResidencyStorage> storages;
   // Optimizer steps that may run on the host (add_host_update_candidates).
   std::vector<HostUpdate> host_updates;
+  // The host (Note [The host in residency replay]): each node's Node::cpu_ms,
+  // -1 where unknown; empty when no node has one (the host is not modelled:
+  // an op starts once the compute stream is free).
+  std::vector<double> op_cpu_ms;
+  // The replay's own host time for each op it dispatches (its dispatch mode's
+  // numbering, checks and actions), added to every known op_cpu_ms.
+  double replay_op_ms = 0;
 };
 
 // Every node of `graph` is a position. A node uses the storages of the values
@@ -148,6 +155,13 @@ struct ResidencyForecast {
   std::int64_t bytes_h2d = 0;
   std::int64_t host_bytes = 0;  // pinned host memory the plan needs
   double host_busy_ms = 0;      // the host CPUs running optimizer updates
+  // With the host modelled (ResidencyModel::op_cpu_ms): the host thread's time
+  // issuing the step's ops (their cpu_ms and the replay's own), the time it
+  // blocked (on a write-back a gap waits for, on a host update a copy back
+  // needs), and the compute stream's idle time waiting for it to issue an op.
+  double host_issue_ms = 0;
+  double host_blocked_ms = 0;
+  double host_late_ms = 0;
   std::vector<std::int64_t> live_bytes;  // per position, as at the peak
   // (storage index, position): a storage freed once its D2H landed, before the
   // op at that position allocates (step (1) of Note [Residency replay]). The

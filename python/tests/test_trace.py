@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 import weakref
 
 import pytest
@@ -291,10 +292,9 @@ def test_a_budget_in_bytes_leaves_room_for_what_the_trace_does_not_account_for(w
     """The recorder notes what the CUDA allocator held beyond the step's storages (cuBLAS
     workspaces: T3's peaks were the forecast's plus 65.1 MiB); a budget in bytes plans
     the step into what is left, and the peaks reported count them."""
-    import copy as copy_module
     plain = spillway.trace.plan(wider_step, 0.6, min_bytes=64 << 10)
     budget = plain["budget_bytes"]
-    graph = copy_module.deepcopy(wider_step.graph)
+    graph = copy.deepcopy(wider_step.graph)
     extra = budget // 10
     graph["metadata"]["untracked_bytes"] = str(extra)
     plan = spillway.trace.plan(graph, budget, min_bytes=64 << 10, live_bytes=True)
@@ -337,6 +337,39 @@ def test_residency_planning_errors_name_the_problem(wider_step):
         spillway.trace.plan(wider_step, 0.5, strategy="clever")
     with pytest.raises(ValueError, match=r"^\[residency\] the exact solver takes at most 14"):
         spillway.trace.plan(wider_step, 0.5, min_bytes=64 << 10, strategy="exact")
+
+
+def test_host_times_make_the_forecast_run_the_host_thread_too(wider_step):
+    """A step recorded on the CPU has no host times (its ops' time_ms is the host's):
+    the forecast runs the compute stream alone. Given cpu_ms (what a GPU recording
+    measures) the host thread runs too: no op starts before it is issued, and the
+    replay's own time per op counts on top (Note [The host in residency replay])."""
+    nodes = wider_step.graph["nodes"]
+    assert not any("cpu_ms" in n for n in nodes)
+    plain = spillway.trace.plan(wider_step, 0.75, min_bytes=64 << 10)
+    assert plain["forecast"]["host_modelled"] is False and plain["replay_op_us"] == 0.0
+    assert plain["forecast"]["host_issue_ms"] == 0.0
+
+    graph = copy.deepcopy(wider_step.graph)
+    ops = [n for n in graph["nodes"] if n["kind"] == "call_function"]
+    for n in ops:  # a host twice as slow as the kernels
+        n["cpu_ms"] = 2 * n["time_ms"]
+    issue_ms = sum(n["cpu_ms"] for n in ops)
+    bound = spillway.trace.plan(graph, 1.0, replay_op_us=0)
+    f = bound["forecast"]
+    assert f["host_modelled"] is True and f["host_issue_ms"] == pytest.approx(issue_ms)
+    assert issue_ms <= f["step_ms"] <= issue_ms + max(n["time_ms"] for n in ops) + 1e-6
+    assert f["host_late_ms"] > 0
+    slower = spillway.trace.plan(graph, 1.0, replay_op_us=10)["forecast"]
+    assert slower["step_ms"] - f["step_ms"] == pytest.approx(len(ops) * 0.010, rel=0.02)
+    # By default the replay's own time is measured on the trace's device.
+    measured = spillway.trace.plan(graph, 1.0)
+    assert 0 <= measured["replay_op_us"] < 1000
+    assert measured["replay_op_us"] == spillway.trace.replay_overhead_us("cpu")
+    for bad in (-1, float("nan"), "5", True):
+        with pytest.raises(ValueError, match=r"^\[trace\] replay_op_us must be a number of "
+                                             r"microseconds >= 0, got"):
+            spillway.trace.plan(graph, 1.0, replay_op_us=bad)
 
 
 @pytest.fixture(scope="module")
@@ -928,6 +961,20 @@ def test_cuda_recorded_times_are_the_gpus_not_the_launches():
     # times leave it out: on the H200, 9.45 ms recorded for 3.12 ms of kernels in 1175
     # ops, 5.4 us an op (before the sleep, a view alone took 15 to 20).
     assert recorded_ms < 1.5 * gpu_ms + 0.008 * len(ops)
+    # Every op has its host time: what the program spent on it since the op before, and
+    # its launch; the step's sum is about the plain step's issue time (plus the dispatch
+    # machinery around a mode).
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    _llama_step(model, opt, ids, 0)
+    plain_issue_ms = (time.perf_counter() - began) * 1e3
+    torch.cuda.synchronize()
+    host_ms = sum(n["cpu_ms"] for n in ops)
+    print(f"host times {host_ms:.2f} ms over {len(ops)} ops against a plain step's issue "
+          f"{plain_issue_ms:.2f} ms; replay's own {spillway.trace.replay_overhead_us('cuda'):.1f} "
+          f"us an op")
+    assert all(n["cpu_ms"] >= 0 for n in ops)
+    assert 0.5 * plain_issue_ms < host_ms < 3 * plain_issue_ms + 0.03 * len(ops)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device-check)")

@@ -359,6 +359,7 @@ struct SimulateArgs {
   std::string budget;  // parse_budget's forms; empty: no residency plan
   std::int64_t min_bytes = 1 << 20;
   double host_adamw_gbs = 0;  // > 0: AdamW steps may run on the host at this bandwidth
+  double replay_op_us = 0;    // the replay's own host time per op (ResidencyModel::replay_op_ms)
   bool json = false;
 };
 
@@ -368,6 +369,7 @@ int run_residency(const SimulateArgs& args, const Graph& graph, const DeviceProf
   const CostModel cost(profile);
   ResidencyModel model = residency_model(graph, cost);
   if (args.host_adamw_gbs != 0) add_host_update_candidates(graph, model, args.host_adamw_gbs);
+  model.replay_op_ms = args.replay_op_us / 1e3;
   ResidencyOptions options;
   options.min_bytes = args.min_bytes;
   const std::int64_t own_peak = simulate_residency(model, {}, cost).peak_bytes;
@@ -551,6 +553,11 @@ int main_impl(int argc, char** argv) {
       "With --budget: the trace's AdamW(fused=True) steps may run on the host CPUs instead "
       "(spillway.optim.HostAdamW's update) at this many GB/s, counting 28 bytes per element "
       "(bench/torch/host_adamw.py measures it); the planner takes that when it is faster");
+  simulate_command->add_option(
+      "--replay-op-us", simulate_args.replay_op_us,
+      "With --budget, for a trace with host times (nodes' cpu_ms): the replay's own host "
+      "microseconds for each op it dispatches (spillway.trace.replay_overhead_us measures "
+      "it); default 0");
   simulate_command->add_flag("--json", simulate_args.json,
                              "With --budget: print a JSON object instead of the text summary");
   add_sim_options(*simulate_command, simulate_args.sim);

@@ -27,7 +27,11 @@ json residency_forecast_json(const ResidencyModel& model, const ResidencyForecas
           {"bytes_d2h", f.bytes_d2h},
           {"bytes_h2d", f.bytes_h2d},
           {"host_bytes", f.host_bytes},
-          {"host_busy_ms", f.host_busy_ms}};
+          {"host_busy_ms", f.host_busy_ms},
+          {"host_modelled", !model.op_cpu_ms.empty()},
+          {"host_issue_ms", f.host_issue_ms},
+          {"host_blocked_ms", f.host_blocked_ms},
+          {"host_late_ms", f.host_late_ms}};
 }
 
 }  // namespace
@@ -115,6 +119,13 @@ std::string format_residency_text(const ResidencyModel& model, const ResidencyRe
   std::snprintf(line, sizeof line, "moved per step:     %s to the host, %s back; %s pinned; %.2f ms waiting\n",
                 residency_gib(f.bytes_d2h).c_str(), residency_gib(f.bytes_h2d).c_str(), residency_gib(f.host_bytes).c_str(), f.stall_ms);
   out << line;
+  if (!model.op_cpu_ms.empty()) {
+    std::snprintf(line, sizeof line,
+                  "host thread:        %.2f ms issuing (%.1f us an op the replay's own), %.2f ms blocked; "
+                  "the GPU waited %.2f ms for it\n",
+                  f.host_issue_ms, model.replay_op_ms * 1e3, f.host_blocked_ms, f.host_late_ms);
+    out << line;
+  }
   if (!model.host_updates.empty()) {
     std::int64_t elements = 0;
     for (const std::int32_t k : result.plan.host_updated) elements += model.host_updates[k].elements;

@@ -290,6 +290,8 @@ class Reader {
         node.value = read_value(value, path, 0);
       } else if (key == "time_ms") {
         if (!value.is_null()) node.time_ms = number_of(value, path);
+      } else if (key == "cpu_ms") {
+        if (!value.is_null()) node.cpu_ms = number_of(value, path);
       } else if (key == "recompute") {
         node.recompute = bool_of(value, path);
       } else if (key == "frees") {

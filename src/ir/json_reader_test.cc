@@ -193,6 +193,7 @@ TEST(JsonReader, RejectsWrongJsonTypesForEveryNodeField) {
       {"/nodes/2/module_stack/0", "0", "[graph] node 2 (mm_1): field 'module_stack[0]': expected a string, got an integer"},
       {"/nodes/2/value", R"("tensor")", "[graph] node 2 (mm_1): field 'value': expected an object, got a string"},
       {"/nodes/2/time_ms", R"("fast")", "[graph] node 2 (mm_1): field 'time_ms': expected a number, got a string"},
+      {"/nodes/2/cpu_ms", "[]", "[graph] node 2 (mm_1): field 'cpu_ms': expected a number, got an array"},
       {"/nodes/2/recompute", "1", "[graph] node 2 (mm_1): field 'recompute': expected a boolean, got an integer"},
       {"/nodes/2/frees", "3", "[graph] node 2 (mm_1): field 'frees': expected an array, got an integer"},
       {"/nodes/2/frees", "[1.5]", "[graph] node 2 (mm_1): field 'frees[0]': expected an integer, got a non-integer number"},
@@ -530,6 +531,10 @@ TEST(JsonReader, RejectsNegativeOrNonFiniteTime) {
   text.replace(text.find(R"("time_ms":0.5)"), 13, R"("time_ms":1e400)");
   EXPECT_EQ(parse_error(text), "[graph] not valid JSON: number overflow parsing '1e400'");
   EXPECT_EQ(error_after_set("/nodes/2/time_ms", "null"), "");
+  EXPECT_EQ(error_after_set("/nodes/2/cpu_ms", "-1"),
+            "[graph] node 2 (mm_1): field 'cpu_ms': must be a finite number >= 0, got -1.000000");
+  EXPECT_EQ(error_after_set("/nodes/2/cpu_ms", "0.02"), "");
+  EXPECT_EQ(error_after_set("/nodes/2/cpu_ms", "null"), "");
 }
 
 }  // namespace

@@ -141,6 +141,7 @@ Json node_json(const Node& node) {
   if (node.time_ms) out["time_ms"] = *node.time_ms;
   if (node.recompute) out["recompute"] = true;
   if (!node.frees.empty()) out["frees"] = node.frees;
+  if (node.cpu_ms) out["cpu_ms"] = *node.cpu_ms;
   return out;
 }
 

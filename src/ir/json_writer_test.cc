@@ -105,6 +105,7 @@ TEST(JsonWriter, WritesOpTagsAndRecomputeOnlyWhenSet) {
   EXPECT_EQ(plain.find("\"pointwise\""), std::string::npos);
   EXPECT_EQ(plain.find("\"random\""), std::string::npos);
   EXPECT_EQ(plain.find("\"recompute\""), std::string::npos);
+  EXPECT_EQ(plain.find("\"cpu_ms\""), std::string::npos);
   for (const auto& [target, schema] : parse_graph(plain).ops) {
     EXPECT_FALSE(schema.is_pointwise || schema.is_random) << target;
   }
@@ -114,6 +115,7 @@ TEST(JsonWriter, WritesOpTagsAndRecomputeOnlyWhenSet) {
   first.is_pointwise = true;
   first.is_random = true;
   g.nodes[1].recompute = true;
+  g.nodes[1].cpu_ms = 0.025;
   const std::string tagged = write_graph(g);
   EXPECT_NE(tagged.find("\"pointwise\":true"), std::string::npos);
   EXPECT_NE(tagged.find("\"random\":true"), std::string::npos);
@@ -123,6 +125,8 @@ TEST(JsonWriter, WritesOpTagsAndRecomputeOnlyWhenSet) {
   EXPECT_TRUE(back.ops.begin()->second.is_pointwise);
   EXPECT_TRUE(back.nodes[1].recompute);
   EXPECT_FALSE(back.nodes[0].recompute);
+  EXPECT_EQ(back.nodes[1].cpu_ms, 0.025);
+  EXPECT_FALSE(back.nodes[0].cpu_ms.has_value());
   EXPECT_EQ(parse_graph(write_graph(g, /*pretty=*/true)), g);
 }
 

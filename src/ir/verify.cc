@@ -154,6 +154,10 @@ class Verifier {
       ir::fail_at(where, root.field("time_ms"),
                   ": must be a finite number >= 0, got " + std::to_string(*node.time_ms));
     }
+    if (node.cpu_ms && !(std::isfinite(*node.cpu_ms) && *node.cpu_ms >= 0)) {
+      ir::fail_at(where, root.field("cpu_ms"),
+                  ": must be a finite number >= 0, got " + std::to_string(*node.cpu_ms));
+    }
   }
 
   // Invariants (2) and (4) for every node reference, and (8) for literals.

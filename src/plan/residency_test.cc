@@ -281,6 +281,78 @@ TEST(ResidencyReplay, RefusesPlansThatDoNotFitTheModel) {
   EXPECT_EQ(error_of(m, {{{0, 0, 1}, {0, 0, 2}}}), "[residency] gap 1: the same gap twice");
 }
 
+// The host thread (Note [The host in residency replay]): an op starts once the
+// host has issued it, and each step starts with the host caught up.
+TEST(ResidencyHost, ACpuBoundStepIsTheHostsTimeAndTheReplaysOwnCountsPerOp) {
+  ResidencyModel m = ops(6);
+  m.storages.push_back(storage("a", kMs, {2, 3}));
+  const ResidencyForecast gpu = simulate_residency(m, {}, link());
+  EXPECT_DOUBLE_EQ(gpu.step_ms, 6.0);
+  EXPECT_DOUBLE_EQ(gpu.host_issue_ms + gpu.host_late_ms + gpu.host_blocked_ms, 0.0);
+
+  m.op_cpu_ms.assign(6, 2.0);  // 2 ms of host for each 1 ms op
+  const ResidencyForecast cpu = simulate_residency(m, {}, link());
+  EXPECT_DOUBLE_EQ(cpu.step_ms, 6 * 2.0 + 1.0);  // the last op runs after its issue
+  EXPECT_DOUBLE_EQ(cpu.host_issue_ms, 12.0);
+  EXPECT_DOUBLE_EQ(cpu.host_late_ms, 2.0 + 5 * 1.0);
+  EXPECT_DOUBLE_EQ(cpu.stall_ms, 0.0);
+  EXPECT_EQ(cpu.peak_bytes, gpu.peak_bytes);
+
+  m.replay_op_ms = 0.5;
+  EXPECT_DOUBLE_EQ(simulate_residency(m, {}, link()).step_ms, 6 * 2.5 + 1.0);
+
+  // A fast host: the GPU sets the pace, past the first op's issue.
+  m.op_cpu_ms.assign(6, 0.25);
+  m.replay_op_ms = 0;
+  const ResidencyForecast fast = simulate_residency(m, {}, link());
+  EXPECT_DOUBLE_EQ(fast.step_ms, 6.25);
+  EXPECT_DOUBLE_EQ(fast.host_late_ms, 0.25);
+
+  // An op without a host time costs the host nothing, the replay's own included.
+  m.op_cpu_ms = {-1, 2, -1, -1, -1, -1};
+  m.replay_op_ms = 1;
+  EXPECT_DOUBLE_EQ(simulate_residency(m, {}, link()).step_ms, 3.0 + 5.0);
+}
+
+TEST(ResidencyHost, TheHostBlocksWhereTheReplayWaitsForAWriteBack) {
+  ResidencyModel m = ops(10);
+  m.storages.push_back(storage("a", 4 * kMs, {0, 9}));  // its D2H takes 4 ms: 1 to 5
+  m.storages.push_back(storage("b", kMs, {3}));
+  const ResidencyPlan plan{{{0, 0, 5, 3}}};  // gone at op 3: the host waits there
+  const ResidencyForecast free_host = simulate_residency(m, plan, link());
+  m.op_cpu_ms.assign(10, 0.0);
+  const ResidencyForecast host = simulate_residency(m, plan, link());
+  EXPECT_DOUBLE_EQ(host.step_ms, free_host.step_ms);
+  EXPECT_DOUBLE_EQ(host.stall_ms, free_host.stall_ms);
+  EXPECT_DOUBLE_EQ(host.host_blocked_ms, 5.0);  // it reached op 3 at the step's start
+  // A slow host reaches op 3 after the copy has landed: no wait.
+  m.op_cpu_ms.assign(10, 2.0);
+  const ResidencyForecast slow = simulate_residency(m, plan, link());
+  EXPECT_DOUBLE_EQ(slow.host_blocked_ms, 0.0);
+  EXPECT_DOUBLE_EQ(slow.stall_ms, 0.0);
+  EXPECT_DOUBLE_EQ(slow.step_ms, 21.0);
+}
+
+TEST(ResidencyHost, RefusesHostTimesThatDoNotFitTheModel) {
+  ResidencyModel m = ops(4);
+  m.op_cpu_ms.assign(3, 1.0);
+  EXPECT_EQ(error_of(m, {}), "[residency] op_cpu_ms has 3 entries for 4 ops");
+  m.op_cpu_ms.assign(4, 1.0);
+  m.replay_op_ms = -1;
+  EXPECT_EQ(error_of(m, {}).rfind("[residency] replay_op_ms must be a finite number >= 0, got -1", 0), 0u);
+}
+
+TEST(ResidencyHost, TheModelReadsEachNodesHostTime) {
+  testing::GraphBuilder b("step");
+  auto w = b.input("w", b.tensor({100, 100}));
+  auto a = b.named("a").call("aten.mm.default", {w, w}, b.tensor({100, 100}));
+  b.output({a});
+  Graph graph = b.build();
+  EXPECT_TRUE(residency_model(graph, link()).op_cpu_ms.empty());
+  graph.nodes[1].cpu_ms = 0.02;
+  EXPECT_EQ(residency_model(graph, link()).op_cpu_ms, (std::vector<double>{-1, 0.02, -1}));
+}
+
 // A step of ten 1 ms ops: a parameter P read at 1 (forward) and 5 (backward),
 // its gradient G made at 6, and an AdamW op at 8 that reads G and writes P and
 // its two moments M and V; an activation between 2 and 4.
@@ -365,6 +437,13 @@ TEST(ResidencyHostUpdate, AParameterSpendingTheWrapOnTheHostLeavesWithoutACopy) 
   EXPECT_EQ(f.peak_bytes, 8 * kMs);  // P's buffer taken at 8, G's copy under way
   // Issued at position 8 (10 + 1 - 3), but not before the update ends at 14.
   EXPECT_DOUBLE_EQ(f.stall_ms, 18 - 10);
+  // The replay's host thread waits for the update before it issues that copy,
+  // from when it hands the update over: the rest of the step is issued after it.
+  ResidencyModel timed = m;
+  timed.op_cpu_ms.assign(10, 0.5);
+  const ResidencyForecast blocked = simulate_residency(timed, plan, link());
+  EXPECT_GT(blocked.host_blocked_ms, 0.0);
+  EXPECT_GE(blocked.step_ms, f.step_ms);
 }
 
 // One simulation made for a choice of host updates gives every plan with that

@@ -51,6 +51,21 @@
 // its new value by an H2D issued when the update ends; one that spends it on
 // the host is copied back when its copy is issued, but not before the update
 // ends (a copy issued before the update has even started waits for it).
+//
+// Note [The host in residency replay]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A replayed step is issued by one host thread under a Python dispatch mode,
+// and on a GPU that thread, not the GPU, can set the pace (T3 at 75 %: 460 ms
+// of host time for a 155 ms GPU step). With the ops' host times known
+// (ResidencyModel::op_cpu_ms, measured by the recorder) a fourth lane runs:
+// before each op the host spends the op's cpu_ms plus the replay's own
+// replay_op_ms, and the op starts on the compute stream no earlier than that.
+// Copies issued at a position start no earlier than the host gets there. The
+// host blocks where the replay does: on a write-back a gap waits for (step
+// (1): the replay synchronises on the copy's event) and on a host update a
+// copy back needs (the replay waits for the update before it copies the new
+// value). Each step starts with the host caught up with the compute stream (a
+// loop reads its loss between steps).
 
 #include <algorithm>
 #include <array>
@@ -122,6 +137,7 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
     model.op_names.push_back(node.name);
     model.op_ids.push_back(node.id);
     model.op_ms.push_back(cost.node_ms(graph, node));
+    model.op_cpu_ms.push_back(node.cpu_ms ? *node.cpu_ms : -1.0);
     const auto [scratch_a, scratch_b] = sim::scratch_bytes(node);
     model.op_scratch.push_back(round_allocation(scratch_a, cost.profile()) +
                                round_allocation(scratch_b, cost.profile()));
@@ -185,6 +201,9 @@ ResidencyModel residency_model(const Graph& graph, const CostModel& cost) {
       extent[s] = std::max(extent[s], reach);
       use(s, pos, written.count(id) > 0 || !existed);  // making a storage writes it
     }
+  }
+  if (std::none_of(model.op_cpu_ms.begin(), model.op_cpu_ms.end(), [](double ms) { return ms >= 0; })) {
+    model.op_cpu_ms.clear();  // no host times: the host is not modelled
   }
   // Freed later than its last use (Node::frees): alive until then.
   for (std::size_t p = 0; p < n; ++p) {
@@ -395,6 +414,14 @@ class ResidencyReplay {
         last_by_position_(basis.last_by_position) {
     const ResidencyModel& model = basis.original;
     check(plan);
+    host_modelled_ = !model_.op_cpu_ms.empty();
+    if (host_modelled_ && model_.op_cpu_ms.size() != model_.op_ms.size()) {
+      residency_bad("op_cpu_ms has " + std::to_string(model_.op_cpu_ms.size()) + " entries for " +
+                    std::to_string(model_.op_ms.size()) + " ops");
+    }
+    if (!(std::isfinite(model_.replay_op_ms) && model_.replay_op_ms >= 0)) {
+      residency_bad("replay_op_ms must be a finite number >= 0, got " + std::to_string(model_.replay_op_ms));
+    }
     for (const std::int32_t k : plan.host_updated) {
       const HostUpdate& u = model.host_updates[k];
       const auto index = static_cast<std::int32_t>(updates_.size());
@@ -477,11 +504,13 @@ class ResidencyReplay {
         d2h_bytes_ = h2d_bytes_ = 0;
         stall_ = 0;
         host_busy_ = 0;
+        host_issue_ = host_blocked_ = host_late_ = 0;
         recording_ = record_;
       } else {
         recording_ = false;
       }
       reported_ = reported;
+      host_ = std::max(host_, now_);  // caught up between steps
       grads_left_.assign(updates_.size(), 0);
       started_.assign(updates_.size(), false);
       grads_landed_.assign(updates_.size(), 0.0);
@@ -502,6 +531,9 @@ class ResidencyReplay {
         out.bytes_d2h = d2h_bytes_;
         out.bytes_h2d = h2d_bytes_;
         out.host_busy_ms = host_busy_;
+        out.host_issue_ms = host_issue_;
+        out.host_blocked_ms = host_blocked_;
+        out.host_late_ms = host_late_;
       }
     }
     for (double ms : model_.op_ms) out.compute_ms += ms;
@@ -607,6 +639,7 @@ class ResidencyReplay {
         if (pending_free_.count(s) == 0 || d2h_done_[s] <= now_) continue;
         if (reported) stall_ += d2h_done_[s] - now_;
         now_ = d2h_done_[s];
+        block_host(d2h_done_[s]);  // the replay synchronises on the copy
       }
     }
     // The landing times come off a heap (an entry whose storage has since come back, or
@@ -642,8 +675,18 @@ class ResidencyReplay {
         fetch(s, p);
       }
     }
-    // (3) The op.
+    // (3) The op, once the host has issued it.
     double begin = now_;
+    if (host_modelled_ && model_.op_cpu_ms[p] >= 0) {
+      const double issue = model_.op_cpu_ms[p] + model_.replay_op_ms;
+      host_ += issue;
+      if (reported) host_issue_ += issue;
+      if (host_ > begin) {
+        if (reported) host_late_ += host_ - begin;
+        begin = host_;
+      }
+    }
+    const double issued = begin;
     for (std::size_t s : uses_at(p)) {
       if (!on_device_[s]) {  // a storage whose copy back was planned for the step before
         if (!alive_[s] && !model_.storages[s].across_steps) {
@@ -657,7 +700,7 @@ class ResidencyReplay {
       begin = std::max(begin, h2d_done_[s]);
       alive_[s] = true;
     }
-    if (reported) stall_ += begin - now_;
+    if (reported) stall_ += begin - issued;
     const std::int64_t live = live_ + model_.op_scratch[p];
     if (reported) {
       out.live_bytes[p] = live;
@@ -737,9 +780,10 @@ class ResidencyReplay {
   // A storage brought back by an H2D issued at position p: after its D2H (if
   // under way) and, for a parameter updated on the host, after its update.
   void fetch(std::size_t s, std::int32_t p) {
-    double start = std::max(now_, d2h_done_[s]);
+    double start = std::max({now_, host_, d2h_done_[s]});
     if (const auto it = param_update_.find(static_cast<std::int32_t>(s)); it != param_update_.end()) {
       start = std::max(start, update_end_[it->second]);
+      if (started_[it->second]) block_host(update_end_[it->second]);  // the replay waits for it
     }
     allocate(s, kReloads);
     h2d_done_[s] = copy(h2d_, d2h_, start, model_.storages[s].bytes, true, p);
@@ -776,6 +820,13 @@ class ResidencyReplay {
     deferred_[u].clear();
   }
 
+  // The host thread waits until `until` (a copy's event, a host update).
+  void block_host(double until) {
+    if (!host_modelled_ || until <= host_) return;
+    if (reported_) host_blocked_ += until - host_;
+    host_ = until;
+  }
+
   // Storage s is on the device until its D2H lands (step (1) frees it then).
   void await_landing(std::size_t s) {
     pending_free_.insert(s);
@@ -810,6 +861,10 @@ class ResidencyReplay {
   std::vector<std::vector<std::size_t>> deferred_;
   double host_free_ = 0;
   double host_busy_ = 0;
+  // The host thread issuing the step (Note [The host in residency replay]).
+  bool host_modelled_ = false;
+  double host_ = 0;
+  double host_issue_ = 0, host_blocked_ = 0, host_late_ = 0;
   bool recording_ = false;
   double step_start_ = 0;
   std::vector<int> category_;

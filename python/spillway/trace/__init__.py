@@ -17,9 +17,11 @@ import contextlib
 import os
 
 from spillway.trace._opaque import opaque
+from spillway.trace._overhead import replay_overhead_us
 from spillway.trace._recorder import Recorder, StorageInfo, Trace
 
-__all__ = ["record", "save", "load", "plan", "replay", "opaque", "Trace", "StorageInfo"]
+__all__ = ["record", "save", "load", "plan", "replay", "opaque", "replay_overhead_us", "Trace",
+           "StorageInfo"]
 
 
 @contextlib.contextmanager
@@ -55,7 +57,7 @@ def load(path: str | os.PathLike) -> dict:
 
 def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
          strategy: str = "greedy", live_bytes: bool = False,
-         host_adamw_gbs: float | None = None) -> dict:
+         host_adamw_gbs: float | None = None, replay_op_us: float | None = None) -> dict:
     """The residency plan of a recorded step (include/spillway/residency.h): which
     storages spend which gaps between their uses in pinned host memory, the fastest
     plan whose simulated peak fits `budget`, and its forecast against the step with
@@ -77,6 +79,13 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     host_adamw.py measures it); the plan takes that when its forecast is faster
     ("host_updates" lists what it chose); replay() runs such a plan (Note [Host
     updates in replay] in _replay.py).
+
+    A trace recorded on a GPU has each op's host time (its nodes' cpu_ms): the forecast
+    then runs the host thread that issues the replayed step too, and an op starts no
+    earlier than the host has issued it (Note [The host in residency replay] in
+    src/sim/residency.cc; the forecast's host_issue_ms, host_blocked_ms and
+    host_late_ms). replay_op_us: the replay's own host time per op; default measured
+    once on the trace's device (spillway.trace.replay_overhead_us).
     """
     import json
 
@@ -109,10 +118,19 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
                                        not host_adamw_gbs > 0):
         raise ValueError(f"[trace] host_adamw_gbs must be a number of GB/s > 0, got "
                          f"{host_adamw_gbs!r}")
+    if replay_op_us is not None and (isinstance(replay_op_us, bool) or
+                                     not isinstance(replay_op_us, (int, float)) or
+                                     not 0 <= replay_op_us < float("inf")):
+        raise ValueError(f"[trace] replay_op_us must be a number of microseconds >= 0, got "
+                         f"{replay_op_us!r}")
+    if replay_op_us is None:
+        timed = [n for n in graph["nodes"] if n.get("cpu_ms") is not None]
+        replay_op_us = replay_overhead_us(_device_of(graph, timed[0])) if timed else 0.0
     result = json.loads(_C.plan_residency(
         json.dumps(graph), budget, device_profile_json=device_profile_json(device_profile, "trace"),
         min_bytes=min_bytes, strategy=strategy, live_bytes=live_bytes,
-        host_adamw_gbs=float(host_adamw_gbs or 0)))
+        host_adamw_gbs=float(host_adamw_gbs or 0), replay_op_us=float(replay_op_us)))
+    result["replay_op_us"] = float(replay_op_us)
     # The budget and peaks as the device sees them, the untracked bytes included.
     result["untracked_bytes"] = untracked
     if untracked:
@@ -122,6 +140,20 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
             if "live_bytes" in forecast:
                 forecast["live_bytes"] = [b + untracked for b in forecast["live_bytes"]]
     return result
+
+
+def _device_of(graph: dict, node: dict) -> str:
+    """The device of the first tensor an op read or made (where its cpu_ms was timed)."""
+    by_id = {n["id"]: n for n in graph["nodes"]}
+    values = [node.get("value", {})]
+    values += [by_id[a["node"]].get("value", {}) for a in node.get("args", [])
+               if isinstance(a, dict) and "node" in a]
+    while values:
+        value = values.pop(0)
+        if value.get("type") == "tensor" and value.get("device"):
+            return value["device"]
+        values.extend(value.get("elements", []))
+    return "cuda"
 
 
 def replay(trace, plan_or_budget, *, max_misses: int = 3, min_bytes: int = 1 << 20,

@@ -40,6 +40,11 @@ read a recorded step as they read an exported joint graph:
   the stream for longer than the op takes to launch (twice the longest launch
   seen for that op, 50 us to 2 ms; 200 us the first time): the op's kernels
   are queued by the time the GPU gets to them.
+- cpu_ms (ops timed on a GPU): the host's time on the op, which on a GPU may set
+  the pace rather than the kernels: the program's since the recorder last handed
+  control back (its Python, the autograd engine, the dispatch machinery around
+  the mode) and the op's own dispatch and launches. The recorder's own work is
+  left out; an op that waits for the GPU (a .item()) counts its wait.
 - Storages still alive when recording stops and created during it are
   retained (the gradients, new optimizer state): the output node reads them,
   so the simulator keeps them to the end as the program does.
@@ -196,6 +201,7 @@ class Recorder(TorchDispatchMode):
         self._modules: list[str] = []
         self._opaque = 0
         self._events: list[tuple[int, Any, Any]] = []   # (node position, start, end)
+        self._left = 0.0  # when the recorder last handed control back to the program (cpu_ms)
         self._hooks: list = []
         self._closed = False
         self.trace: Trace | None = None
@@ -207,6 +213,7 @@ class Recorder(TorchDispatchMode):
             raise RuntimeError("[trace] a recording is already in progress: record one step "
                                "at a time")
         _active.append(self)
+        self._left = time.perf_counter()
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
         self._hooks = [
@@ -393,6 +400,7 @@ class Recorder(TorchDispatchMode):
         """An opaque region starts (spillway.trace.opaque): nothing to do before it."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        entered = time.perf_counter()
         kwargs = kwargs or {}
         if self._opaque or self._closed:
             return func(*args, **kwargs)
@@ -421,6 +429,10 @@ class Recorder(TorchDispatchMode):
             node = self.record(target, schema, args, kwargs, out, elapsed)
             if cuda:
                 self._events.append((node["id"], start, end))
+                # The host's time on it: the program's since the op before, and the launch.
+                node["cpu_ms"] = (max(0.0, entered - self._left) * 1e3 if self._left else 0.0) + \
+                    launch_us / 1e3
+            self._left = time.perf_counter()
         return out
 
     # ---- the end ----
