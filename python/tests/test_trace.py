@@ -639,6 +639,43 @@ def test_a_parameter_copied_back_early_comes_back_with_its_host_updated_value():
     _same(model, opt, twin, twin_opt)
 
 
+def test_a_copy_back_due_while_its_host_update_runs_waits_for_it_not_the_host(monkeypatch):
+    """A slow host update (here 30 ms each) is still running when the next step's
+    planned copies back of its parameters are due: those copies go once the update is
+    seen done, the host issuing the ops in between; an op that reads the parameter
+    first waits for the update. The values stay exact."""
+    import threading
+
+    from spillway.trace import _replay
+    real = _replay._host_adamw
+    slow = threading.Event()
+
+    def slow_adamw(*args, **kwargs):
+        if slow.is_set():
+            time.sleep(0.03)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(_replay, "_host_adamw", slow_adamw)
+    model, ids = tiny_llama(5, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
+    twin = copy.deepcopy(model)
+    opt, twin_opt = (torch.optim.AdamW([{"params": [p]} for p in m.parameters()], lr=1e-3,
+                                       fused=True) for m in (model, twin))
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    plan = spillway.trace.plan(trace, 0.3, min_bytes=64 << 10, host_adamw_gbs=1e4)
+    updated = {sid for u in plan["host_updates"] for sid in u["params"]}
+    assert any(g["wrap"] and g["storage"] in updated for g in plan["gaps"])
+    replay = spillway.trace.replay(trace, plan)
+    slow.set()
+    with replay:
+        for k in range(2, 5):
+            with replay.step():
+                loss = _llama_step(model, opt, ids, k)
+            assert torch.equal(loss, _llama_step(twin, twin_opt, ids, k)), k
+        s = replay.stats()
+    assert s["misses"] == 0
+    assert s["deferred_copies"] > 0, s
+    _same(model, opt, twin, twin_opt)
+
+
 def test_storages_leave_as_their_write_backs_land_in_stream_order():
     """The poll at each op looks only at storages still leaving, by the order of their
     copies on the D2H stream: the first not landed ends it (the copies after it cannot

@@ -61,11 +61,11 @@
 // before each op the host spends the op's cpu_ms plus the replay's own
 // replay_op_ms, and the op starts on the compute stream no earlier than that.
 // Copies issued at a position start no earlier than the host gets there. The
-// host blocks where the replay does: on a write-back a gap waits for (step
-// (1): the replay synchronises on the copy's event) and on a host update a
-// copy back needs (the replay waits for the update before it copies the new
-// value). Each step starts with the host caught up with the compute stream (a
-// loop reads its loss between steps).
+// host blocks where the replay does: at an op that reads a parameter whose
+// host update is still running (the replay waits for the update, then copies
+// the new value). A gap's wait and a copy back due while its update runs hold
+// the GPU or the copy, not the host. Each step starts with the host caught up
+// with the compute stream (a loop reads its loss between steps).
 
 #include <algorithm>
 #include <array>
@@ -639,7 +639,6 @@ class ResidencyReplay {
         if (pending_free_.count(s) == 0 || d2h_done_[s] <= now_) continue;
         if (reported) stall_ += d2h_done_[s] - now_;
         now_ = d2h_done_[s];
-        block_host(d2h_done_[s]);  // the replay synchronises on the copy
       }
     }
     // The landing times come off a heap (an entry whose storage has since come back, or
@@ -688,6 +687,9 @@ class ResidencyReplay {
     }
     const double issued = begin;
     for (std::size_t s : uses_at(p)) {
+      if (const auto it = param_update_.find(static_cast<std::int32_t>(s)); it != param_update_.end()) {
+        block_host(update_end_[it->second]);  // the replay waits for the update it reads
+      }
       if (!on_device_[s]) {  // a storage whose copy back was planned for the step before
         if (!alive_[s] && !model_.storages[s].across_steps) {
           alive_[s] = true;  // made here
@@ -783,7 +785,6 @@ class ResidencyReplay {
     double start = std::max({now_, host_, d2h_done_[s]});
     if (const auto it = param_update_.find(static_cast<std::int32_t>(s)); it != param_update_.end()) {
       start = std::max(start, update_end_[it->second]);
-      if (started_[it->second]) block_host(update_end_[it->second]);  // the replay waits for it
     }
     allocate(s, kReloads);
     h2d_done_[s] = copy(h2d_, d2h_, start, model_.storages[s].bytes, true, p);

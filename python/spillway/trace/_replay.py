@@ -184,7 +184,10 @@ class Replay(TorchDispatchMode):
                        "land_wait_ms": 0.0,
                        # the compute stream's waits for write-backs the forecast has
                        # landed (_wait_landed)
-                       "landing_waits": 0}
+                       "landing_waits": 0,
+                       # planned copies back of parameters whose host update was still
+                       # running: issued once it is done, the host not waiting
+                       "deferred_copies": 0}
         self._entered = False
         self._record_next = False
         self._diverged_in_a_row = 0
@@ -569,9 +572,19 @@ class Replay(TorchDispatchMode):
         if owner is not None and owner.update is not None:
             self._finish_update(owner)
 
-    def _issue(self, m: _Moved, resize: bool = True) -> None:
+    def _issue(self, m: _Moved, resize: bool = True, wait_update: bool = True) -> None:
+        """Copies m back (an H2D the compute stream waits for at m's next use). For a
+        parameter whose host update is still running, the copy carries the new value:
+        with wait_update the host waits for the update here; without (a planned copy
+        back, due ahead of the use) it is issued once the update is seen done, at any
+        op, and the use waits for it if it is not (the host would otherwise stop
+        issuing the ops in between, and the GPU run dry behind it)."""
         storage = self._storage(m)
         if storage is None:
+            return
+        if not wait_update and m.update is not None and not m.update.is_set():
+            m.fetch_updated = True
+            self._stats["deferred_copies"] += 1
             return
         m.fetch_updated = False
         self._wait_owner(m)
@@ -822,7 +835,7 @@ class Replay(TorchDispatchMode):
             for sid in self._before[k]:
                 m = self._moved.get(sid)
                 if m is not None:
-                    self._issue(m)
+                    self._issue(m, wait_update=False)
         if following and self._after_update[k]:
             for sid in self._after_update[k]:
                 self._moved[sid].fetch_updated = True
