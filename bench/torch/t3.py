@@ -276,7 +276,8 @@ def run_one(method: str, args) -> dict:
                               "host_issue_ms": f.get("host_issue_ms", 0.0),
                               "host_blocked_ms": f.get("host_blocked_ms", 0.0),
                               "host_late_ms": f.get("host_late_ms", 0.0),
-                              "replay_op_us": plan.get("replay_op_us", 0.0)}
+                              "replay_op_us": plan.get("replay_op_us", 0.0),
+                              "replay_copy_us": plan.get("replay_copy_us", 0.0)}
     if not result["sums"]:
         result["sums"] = _state_sums(model, optimizer)  # after the last timed step
     result["rss_bytes"] = _rss_bytes()
@@ -435,8 +436,8 @@ def _report(results, args, quiet: bool = False) -> None:
         forecast = (f"{f['step_ms']:.1f} ms / {f['peak_bytes'] / GIB:.2f} GiB" if f else "")
         if f and f.get("host_issue_ms"):
             forecast += (f" (host {f['host_issue_ms']:.0f} ms issuing, "
-                         f"{f['host_blocked_ms']:.0f} blocked; {f['replay_op_us']:.1f} us/op "
-                         f"the replay's own)")
+                         f"{f['host_blocked_ms']:.0f} blocked; the replay's own "
+                         f"{f['replay_op_us']:.1f} us an op, {f['replay_copy_us']:.0f} a copy)")
         if r.get("host_updates"):
             forecast += (f" (AdamW on the host: {r['host_updates']} ops, "
                          f"{r['host_adamw_gbs']:.0f} GB/s)")

@@ -75,6 +75,10 @@ struct ResidencyModel {
   // The replay's own host time for each op it dispatches (its dispatch mode's
   // numbering, checks and actions), added to every known op_cpu_ms.
   double replay_op_ms = 0;
+  // The replay's own host time for each copy it issues (a write-back, a copy
+  // back, a gradient to the host: its events, streams and views), when the
+  // host is modelled.
+  double replay_copy_ms = 0;
 };
 
 // Every node of `graph` is a position. A node uses the storages of the values
@@ -156,7 +160,7 @@ struct ResidencyForecast {
   std::int64_t host_bytes = 0;  // pinned host memory the plan needs
   double host_busy_ms = 0;      // the host CPUs running optimizer updates
   // With the host modelled (ResidencyModel::op_cpu_ms): the host thread's time
-  // issuing the step's ops (their cpu_ms and the replay's own), the time it
+  // issuing the step's ops and copies (their cpu_ms and the replay's own), the time it
   // blocked (on a write-back a gap waits for, on a host update a copy back
   // needs), and the compute stream's idle time waiting for it to issue an op.
   double host_issue_ms = 0;

@@ -279,7 +279,7 @@ void init_budget(py::module_& m) {
       "plan_residency",
       [](const std::string& graph_json, const std::string& budget, const std::string& profile,
          std::int64_t min_bytes, const std::string& strategy, bool live_bytes, double host_adamw_gbs,
-         double replay_op_us) {
+         double replay_op_us, double replay_copy_us) {
         Knobs knobs;
         knobs.device_profile_json = profile;
         return guarded([&] {
@@ -288,6 +288,7 @@ void init_budget(py::module_& m) {
           ResidencyModel model = residency_model(graph, cost);
           if (host_adamw_gbs != 0) add_host_update_candidates(graph, model, host_adamw_gbs);
           model.replay_op_ms = replay_op_us / 1e3;
+          model.replay_copy_ms = replay_copy_us / 1e3;
           ResidencyOptions options;
           options.min_bytes = min_bytes;
           if (strategy == "exact") {
@@ -309,14 +310,15 @@ void init_budget(py::module_& m) {
       py::arg("graph_json"), py::arg("budget"), py::kw_only(), py::arg("device_profile_json") = "",
       py::arg("min_bytes") = std::int64_t{1} << 20, py::arg("strategy") = "greedy",
       py::arg("live_bytes") = false, py::arg("host_adamw_gbs") = 0.0, py::arg("replay_op_us") = 0.0,
+      py::arg("replay_copy_us") = 0.0,
       "Plans residency for a recorded step (include/spillway/residency.h) under `budget` (12GiB, "
       "800MiB, bytes, or 60% of the step's own simulated peak); returns JSON text: budget_bytes, "
       "candidates, unplanned and forecast (step_ms, compute_ms, stall_ms, peak_bytes, peak_op, "
       "bytes_d2h, bytes_h2d, host_bytes, host_busy_ms; with live_bytes the bytes live at each "
       "node), gaps, host_updates. host_adamw_gbs > 0: the step's AdamW(fused=True) ops may run "
       "on the host at that bandwidth (28 bytes per element) when the plan is faster. "
-      "replay_op_us: the replay's own host time per op, for a trace with host times (cpu_ms): "
-      "the forecast then runs the host thread too (host_issue_ms, host_blocked_ms, host_late_ms).");
+      "replay_op_us, replay_copy_us: the replay's own host time per op and per copy, for a trace "
+      "with host times (cpu_ms): the forecast then runs the host thread too (host_issue_ms, host_blocked_ms, host_late_ms).");
   m.def(
       "simulate_graph",
       [](const std::string& graph_json, const std::string& profile,

@@ -339,7 +339,7 @@ def test_residency_planning_errors_name_the_problem(wider_step):
         spillway.trace.plan(wider_step, 0.5, min_bytes=64 << 10, strategy="exact")
 
 
-def test_host_times_make_the_forecast_run_the_host_thread_too(wider_step):
+def test_host_times_make_the_forecast_run_the_host_thread_too(wider_step, tmp_path):
     """A step recorded on the CPU has no host times (its ops' time_ms is the host's):
     the forecast runs the compute stream alone. Given cpu_ms (what a GPU recording
     measures) the host thread runs too: no op starts before it is issued, and the
@@ -355,21 +355,45 @@ def test_host_times_make_the_forecast_run_the_host_thread_too(wider_step):
     for n in ops:  # a host twice as slow as the kernels
         n["cpu_ms"] = 2 * n["time_ms"]
     issue_ms = sum(n["cpu_ms"] for n in ops)
-    bound = spillway.trace.plan(graph, 1.0, replay_op_us=0)
+    bound = spillway.trace.plan(graph, 1.0, replay_op_us=0, replay_copy_us=0)
     f = bound["forecast"]
     assert f["host_modelled"] is True and f["host_issue_ms"] == pytest.approx(issue_ms)
     assert issue_ms <= f["step_ms"] <= issue_ms + max(n["time_ms"] for n in ops) + 1e-6
     assert f["host_late_ms"] > 0
-    slower = spillway.trace.plan(graph, 1.0, replay_op_us=10)["forecast"]
+    slower = spillway.trace.plan(graph, 1.0, replay_op_us=10, replay_copy_us=0)["forecast"]
     assert slower["step_ms"] - f["step_ms"] == pytest.approx(len(ops) * 0.010, rel=0.02)
-    # By default the replay's own time is measured on the trace's device.
+    # Each copy the replay issues costs the host too: a plan that moves storages.
+    moving = spillway.trace.plan(graph, 0.5, min_bytes=64 << 10, replay_op_us=0,
+                                 replay_copy_us=0)["forecast"]
+    costly = spillway.trace.plan(graph, 0.5, min_bytes=64 << 10, replay_op_us=0,
+                                 replay_copy_us=500)["forecast"]
+    assert moving["bytes_d2h"] > 0
+    assert costly["host_issue_ms"] > moving["host_issue_ms"] and \
+        costly["step_ms"] > moving["step_ms"]
+    # By default the replay's own times are measured on the trace's device.
     measured = spillway.trace.plan(graph, 1.0)
-    assert 0 <= measured["replay_op_us"] < 1000
+    assert 0 <= measured["replay_op_us"] < 1000 and 0 <= measured["replay_copy_us"] < 10000
     assert measured["replay_op_us"] == spillway.trace.replay_overhead_us("cpu")
-    for bad in (-1, float("nan"), "5", True):
-        with pytest.raises(ValueError, match=r"^\[trace\] replay_op_us must be a number of "
-                                             r"microseconds >= 0, got"):
-            spillway.trace.plan(graph, 1.0, replay_op_us=bad)
+    assert measured["replay_copy_us"] == spillway.trace.replay_copy_us("cpu")
+    for name in ("replay_op_us", "replay_copy_us"):
+        for bad in (-1, float("nan"), "5", True):
+            with pytest.raises(ValueError, match=rf"^\[trace\] {name} must be a number of "
+                                                 r"microseconds >= 0, got"):
+                spillway.trace.plan(graph, 1.0, **{name: bad})
+    # The same from the command line.
+    path = tmp_path / "timed.json.zst"
+    spillway.trace.save(graph, path)
+    cli = pathlib.Path(os.environ.get("SPILLWAY_CLI") or REPO / "build/release/src/cli/spillway")
+    run = subprocess.run([cli, "simulate", path, "--budget", "50%", "--min-bytes", "65536",
+                          "--replay-op-us", "10", "--replay-copy-us", "500"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "host thread:" in run.stdout and "10.0 us an op, 500.0 us a copy" in run.stdout, \
+        run.stdout
+    run = subprocess.run([cli, "simulate", path, "--budget", "50%", "--replay-op-us", "-1"],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "--replay-op-us: Value -1 not in range" in run.stderr, \
+        run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -1009,7 +1033,7 @@ def test_cuda_recorded_times_are_the_gpus_not_the_launches():
     host_ms = sum(n["cpu_ms"] for n in ops)
     print(f"host times {host_ms:.2f} ms over {len(ops)} ops against a plain step's issue "
           f"{plain_issue_ms:.2f} ms; replay's own {spillway.trace.replay_overhead_us('cuda'):.1f} "
-          f"us an op")
+          f"us an op, {spillway.trace.replay_copy_us('cuda'):.1f} us a copy")
     assert all(n["cpu_ms"] >= 0 for n in ops)
     assert 0.5 * plain_issue_ms < host_ms < 3 * plain_issue_ms + 0.03 * len(ops)
 

@@ -360,6 +360,7 @@ struct SimulateArgs {
   std::int64_t min_bytes = 1 << 20;
   double host_adamw_gbs = 0;  // > 0: AdamW steps may run on the host at this bandwidth
   double replay_op_us = 0;    // the replay's own host time per op (ResidencyModel::replay_op_ms)
+  double replay_copy_us = 0;  // and per copy (ResidencyModel::replay_copy_ms)
   bool json = false;
 };
 
@@ -370,6 +371,7 @@ int run_residency(const SimulateArgs& args, const Graph& graph, const DeviceProf
   ResidencyModel model = residency_model(graph, cost);
   if (args.host_adamw_gbs != 0) add_host_update_candidates(graph, model, args.host_adamw_gbs);
   model.replay_op_ms = args.replay_op_us / 1e3;
+  model.replay_copy_ms = args.replay_copy_us / 1e3;
   ResidencyOptions options;
   options.min_bytes = args.min_bytes;
   const std::int64_t own_peak = simulate_residency(model, {}, cost).peak_bytes;
@@ -557,7 +559,13 @@ int main_impl(int argc, char** argv) {
       "--replay-op-us", simulate_args.replay_op_us,
       "With --budget, for a trace with host times (nodes' cpu_ms): the replay's own host "
       "microseconds for each op it dispatches (spillway.trace.replay_overhead_us measures "
-      "it); default 0");
+      "it); default 0")
+      ->check(CLI::Range(0.0, 1e9));
+  simulate_command->add_option(
+      "--replay-copy-us", simulate_args.replay_copy_us,
+      "With --budget, for a trace with host times: the replay's own host microseconds for "
+      "each copy it issues (spillway.trace.replay_copy_us measures it); default 0")
+      ->check(CLI::Range(0.0, 1e9));
   simulate_command->add_flag("--json", simulate_args.json,
                              "With --budget: print a JSON object instead of the text summary");
   add_sim_options(*simulate_command, simulate_args.sim);

@@ -121,9 +121,10 @@ std::string format_residency_text(const ResidencyModel& model, const ResidencyRe
   out << line;
   if (!model.op_cpu_ms.empty()) {
     std::snprintf(line, sizeof line,
-                  "host thread:        %.2f ms issuing (%.1f us an op the replay's own), %.2f ms blocked; "
-                  "the GPU waited %.2f ms for it\n",
-                  f.host_issue_ms, model.replay_op_ms * 1e3, f.host_blocked_ms, f.host_late_ms);
+                  "host thread:        %.2f ms issuing (the replay's own: %.1f us an op, %.1f us a copy), "
+                  "%.2f ms blocked; the GPU waited %.2f ms for it\n",
+                  f.host_issue_ms, model.replay_op_ms * 1e3, model.replay_copy_ms * 1e3, f.host_blocked_ms,
+                  f.host_late_ms);
     out << line;
   }
   if (!model.host_updates.empty()) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -333,6 +334,22 @@ TEST(ResidencyHost, AGapsWaitHoldsTheComputeStreamNotTheHost) {
   EXPECT_DOUBLE_EQ(slow.step_ms, 21.0);
 }
 
+TEST(ResidencyHost, EachCopyCostsTheHostTheReplaysTimeToIssueIt) {
+  ResidencyModel m = ops(6);
+  m.storages.push_back(storage("w", 2 * kMs, {1}, {}, true));
+  m.op_cpu_ms.assign(6, 0.5);
+  const ResidencyPlan plan{{{0, 0, 3}}};  // w back from position 4 for the next step
+  const ResidencyForecast free_copies = simulate_residency(m, plan, link());
+  EXPECT_DOUBLE_EQ(free_copies.step_ms, 6.5);  // the GPU's pace, after the first issue
+  m.replay_copy_ms = 4;
+  // At position 4 the host (at 2 ms: four ops issued) spends 4 ms issuing the copy,
+  // so op 4 is issued at 6.5 instead of 2.5, after op 3 ended at 4.5.
+  const ResidencyForecast f = simulate_residency(m, plan, link());
+  EXPECT_DOUBLE_EQ(f.host_issue_ms, 6 * 0.5 + 4);
+  EXPECT_DOUBLE_EQ(f.step_ms, 8.5);
+  EXPECT_DOUBLE_EQ(f.stall_ms, 0.0);
+}
+
 TEST(ResidencyHost, RefusesHostTimesThatDoNotFitTheModel) {
   ResidencyModel m = ops(4);
   m.op_cpu_ms.assign(3, 1.0);
@@ -340,6 +357,9 @@ TEST(ResidencyHost, RefusesHostTimesThatDoNotFitTheModel) {
   m.op_cpu_ms.assign(4, 1.0);
   m.replay_op_ms = -1;
   EXPECT_EQ(error_of(m, {}).rfind("[residency] replay_op_ms must be a finite number >= 0, got -1", 0), 0u);
+  m.replay_op_ms = 0;
+  m.replay_copy_ms = std::nan("");
+  EXPECT_EQ(error_of(m, {}).rfind("[residency] replay_copy_ms must be a finite number >= 0", 0), 0u);
 }
 
 TEST(ResidencyHost, TheModelReadsEachNodesHostTime) {

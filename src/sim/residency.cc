@@ -60,7 +60,8 @@
 // (ResidencyModel::op_cpu_ms, measured by the recorder) a fourth lane runs:
 // before each op the host spends the op's cpu_ms plus the replay's own
 // replay_op_ms, and the op starts on the compute stream no earlier than that.
-// Copies issued at a position start no earlier than the host gets there. The
+// Each copy costs the host replay_copy_ms to issue (the replay's events, stream
+// switches and views around it) and starts no earlier than that. The
 // host blocks where the replay does: at an op that reads a parameter whose
 // host update is still running (the replay waits for the update, then copies
 // the new value). A gap's wait and a copy back due while its update runs hold
@@ -422,6 +423,9 @@ class ResidencyReplay {
     if (!(std::isfinite(model_.replay_op_ms) && model_.replay_op_ms >= 0)) {
       residency_bad("replay_op_ms must be a finite number >= 0, got " + std::to_string(model_.replay_op_ms));
     }
+    if (!(std::isfinite(model_.replay_copy_ms) && model_.replay_copy_ms >= 0)) {
+      residency_bad("replay_copy_ms must be a finite number >= 0, got " + std::to_string(model_.replay_copy_ms));
+    }
     for (const std::int32_t k : plan.host_updated) {
       const HostUpdate& u = model.host_updates[k];
       const auto index = static_cast<std::int32_t>(updates_.size());
@@ -617,6 +621,11 @@ class ResidencyReplay {
 
   double copy(CopyLane& self, CopyLane& other, double start, std::int64_t bytes, bool h2d,
               std::int32_t issued_at) {
+    if (host_modelled_) {  // the host issues it (Note [The host in residency replay])
+      host_ += model_.replay_copy_ms;
+      if (reported_) host_issue_ += model_.replay_copy_ms;
+      start = std::max(start, host_);
+    }
     start = std::max(start, self.free_at);
     const double alone = h2d ? cost_.h2d_ms(bytes) : cost_.d2h_ms(bytes);
     const double end = other.overlaps(start, start + alone)

@@ -17,11 +17,12 @@ import contextlib
 import os
 
 from spillway.trace._opaque import opaque
-from spillway.trace._overhead import replay_overhead_us
+from spillway.trace import _overhead
+from spillway.trace._overhead import replay_copy_us, replay_overhead_us
 from spillway.trace._recorder import Recorder, StorageInfo, Trace
 
-__all__ = ["record", "save", "load", "plan", "replay", "opaque", "replay_overhead_us", "Trace",
-           "StorageInfo"]
+__all__ = ["record", "save", "load", "plan", "replay", "opaque", "replay_overhead_us",
+           "replay_copy_us", "Trace", "StorageInfo"]
 
 
 @contextlib.contextmanager
@@ -57,7 +58,8 @@ def load(path: str | os.PathLike) -> dict:
 
 def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
          strategy: str = "greedy", live_bytes: bool = False,
-         host_adamw_gbs: float | None = None, replay_op_us: float | None = None) -> dict:
+         host_adamw_gbs: float | None = None, replay_op_us: float | None = None,
+         replay_copy_us: float | None = None) -> dict:
     """The residency plan of a recorded step (include/spillway/residency.h): which
     storages spend which gaps between their uses in pinned host memory, the fastest
     plan whose simulated peak fits `budget`, and its forecast against the step with
@@ -84,8 +86,9 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     then runs the host thread that issues the replayed step too, and an op starts no
     earlier than the host has issued it (Note [The host in residency replay] in
     src/sim/residency.cc; the forecast's host_issue_ms, host_blocked_ms and
-    host_late_ms). replay_op_us: the replay's own host time per op; default measured
-    once on the trace's device (spillway.trace.replay_overhead_us).
+    host_late_ms). replay_op_us, replay_copy_us: the replay's own host time per op and
+    per copy it issues; default measured once on the trace's device
+    (spillway.trace.replay_overhead_us, replay_copy_us).
     """
     import json
 
@@ -118,19 +121,25 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
                                        not host_adamw_gbs > 0):
         raise ValueError(f"[trace] host_adamw_gbs must be a number of GB/s > 0, got "
                          f"{host_adamw_gbs!r}")
-    if replay_op_us is not None and (isinstance(replay_op_us, bool) or
-                                     not isinstance(replay_op_us, (int, float)) or
-                                     not 0 <= replay_op_us < float("inf")):
-        raise ValueError(f"[trace] replay_op_us must be a number of microseconds >= 0, got "
-                         f"{replay_op_us!r}")
-    if replay_op_us is None:
-        timed = [n for n in graph["nodes"] if n.get("cpu_ms") is not None]
-        replay_op_us = replay_overhead_us(_device_of(graph, timed[0])) if timed else 0.0
+    for name, value in (("replay_op_us", replay_op_us), ("replay_copy_us", replay_copy_us)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < float("inf")):
+            raise ValueError(f"[trace] {name} must be a number of microseconds >= 0, got "
+                             f"{value!r}")
+    if replay_op_us is None or replay_copy_us is None:  # measured where the host is modelled
+        timed = next((n for n in graph["nodes"] if n.get("cpu_ms") is not None), None)
+        device = _device_of(graph, timed) if timed is not None else None
+        if replay_op_us is None:
+            replay_op_us = _overhead.replay_overhead_us(device) if device else 0.0
+        if replay_copy_us is None:
+            replay_copy_us = _overhead.replay_copy_us(device) if device else 0.0
     result = json.loads(_C.plan_residency(
         json.dumps(graph), budget, device_profile_json=device_profile_json(device_profile, "trace"),
         min_bytes=min_bytes, strategy=strategy, live_bytes=live_bytes,
-        host_adamw_gbs=float(host_adamw_gbs or 0), replay_op_us=float(replay_op_us)))
+        host_adamw_gbs=float(host_adamw_gbs or 0), replay_op_us=float(replay_op_us),
+        replay_copy_us=float(replay_copy_us)))
     result["replay_op_us"] = float(replay_op_us)
+    result["replay_copy_us"] = float(replay_copy_us)
     # The budget and peaks as the device sees them, the untracked bytes included.
     result["untracked_bytes"] = untracked
     if untracked:
