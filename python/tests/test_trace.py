@@ -380,6 +380,18 @@ def test_host_times_make_the_forecast_run_the_host_thread_too(wider_step, tmp_pa
             with pytest.raises(ValueError, match=rf"^\[trace\] {name} must be a number of "
                                                  r"microseconds >= 0, got"):
                 spillway.trace.plan(graph, 1.0, **{name: bad})
+    # Host times recorded on a GPU, planned where there is none: the replay's own times
+    # cannot be measured there, and the error says what to pass.
+    if not torch.cuda.is_available():
+        on_gpu = copy.deepcopy(graph)
+        for n in on_gpu["nodes"]:
+            if n.get("value", {}).get("type") == "tensor":
+                n["value"]["device"] = "cuda:0"
+        with pytest.raises(ValueError, match=r"^\[trace\] the trace's host times were recorded "
+                                             r"on cuda:0, which this machine lacks"):
+            spillway.trace.plan(on_gpu, 1.0)
+        assert spillway.trace.plan(on_gpu, 1.0, replay_op_us=0, replay_copy_us=0)["forecast"][
+            "host_modelled"]
     # The same from the command line.
     path = tmp_path / "timed.json.zst"
     spillway.trace.save(graph, path)

@@ -129,6 +129,10 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     if replay_op_us is None or replay_copy_us is None:  # measured where the host is modelled
         timed = next((n for n in graph["nodes"] if n.get("cpu_ms") is not None), None)
         device = _device_of(graph, timed) if timed is not None else None
+        if device is not None and device.startswith("cuda") and not _cuda_available():
+            raise ValueError(f"[trace] the trace's host times were recorded on {device}, which "
+                             f"this machine lacks to measure the replay's own: pass "
+                             f"replay_op_us and replay_copy_us (0 leaves them out)")
         if replay_op_us is None:
             replay_op_us = _overhead.replay_overhead_us(device) if device else 0.0
         if replay_copy_us is None:
@@ -149,6 +153,11 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
             if "live_bytes" in forecast:
                 forecast["live_bytes"] = [b + untracked for b in forecast["live_bytes"]]
     return result
+
+
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 def _device_of(graph: dict, node: dict) -> str:
