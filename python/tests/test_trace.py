@@ -361,7 +361,8 @@ def test_host_times_make_the_forecast_run_the_host_thread_too(wider_step, tmp_pa
     assert issue_ms <= f["step_ms"] <= issue_ms + max(n["time_ms"] for n in ops) + 1e-6
     assert f["host_late_ms"] > 0
     slower = spillway.trace.plan(graph, 1.0, replay_op_us=10, replay_copy_us=0)["forecast"]
-    assert slower["step_ms"] - f["step_ms"] == pytest.approx(len(ops) * 0.010, rel=0.02)
+    # 10 us more per op, less where a long kernel hides the next op's issue anyway.
+    assert 0.5 * len(ops) * 0.010 <= slower["step_ms"] - f["step_ms"] <= len(ops) * 0.010 + 1e-6
     # Each copy the replay issues costs the host too: a plan that moves storages.
     moving = spillway.trace.plan(graph, 0.5, min_bytes=64 << 10, replay_op_us=0,
                                  replay_copy_us=0)["forecast"]
@@ -601,17 +602,24 @@ def test_replay_under_a_plan_is_exact_and_really_moves_storages(fraction):
     _same(model, opt, twin, twin_opt)
 
 
-@pytest.mark.parametrize("fraction", [0.5, 0.3])
-def test_replay_runs_adamw_on_the_host_and_stays_exact(fraction):
-    """A plan whose AdamW steps run on the host (Note [Host updates in replay]): loss,
-    parameters, moments and step counts torch.equal to the unplanned twin after every
-    step; the moments really leave the device, and each gradient goes down once."""
+def _host_updated_twins(fraction=0.3):
+    """Twins with AdamW(fused=True), one group per parameter, a recorded step and its
+    plan at `fraction` with the host updating at a near-instant 10 TB/s."""
     model, ids = tiny_llama(5, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
     twin = copy.deepcopy(model)
     opt, twin_opt = (torch.optim.AdamW([{"params": [p]} for p in m.parameters()], lr=1e-3,
                                        fused=True) for m in (model, twin))
     trace = _recorded(model, opt, twin, twin_opt, ids)
     plan = spillway.trace.plan(trace, fraction, min_bytes=64 << 10, host_adamw_gbs=1e4)
+    return model, opt, twin, twin_opt, ids, trace, plan
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.3])
+def test_replay_runs_adamw_on_the_host_and_stays_exact(fraction):
+    """A plan whose AdamW steps run on the host (Note [Host updates in replay]): loss,
+    parameters, moments and step counts torch.equal to the unplanned twin after every
+    step; the moments really leave the device, and each gradient goes down once."""
+    model, opt, twin, twin_opt, ids, trace, plan = _host_updated_twins(fraction)
     params = list(model.parameters())
     updated = len(plan["host_updates"])  # one parameter each (one group per parameter)
     assert updated > 0
@@ -654,12 +662,7 @@ def test_a_parameter_copied_back_early_comes_back_with_its_host_updated_value():
     waits for the update, as the simulator has it, and carries the new value, not the
     one the parameter had before (the GPU's T3 test saw that stale value as a loss off
     by 3e-3 one step later, on the plans whose leads reached that far)."""
-    model, ids = tiny_llama(5, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
-    twin = copy.deepcopy(model)
-    opt, twin_opt = (torch.optim.AdamW([{"params": [p]} for p in m.parameters()], lr=1e-3,
-                                       fused=True) for m in (model, twin))
-    trace = _recorded(model, opt, twin, twin_opt, ids)
-    plan = spillway.trace.plan(trace, 0.3, min_bytes=64 << 10, host_adamw_gbs=1e4)
+    model, opt, twin, twin_opt, ids, trace, plan = _host_updated_twins()
     update_pos = {sid: u["op_positions"][0] for u in plan["host_updates"] for sid in u["params"]}
     early = [g for g in plan["gaps"] if g["wrap"] and g["storage"] in update_pos]
     assert early, "no parameter updated on the host spends the wrap away"
@@ -691,12 +694,7 @@ def test_a_copy_back_due_while_its_host_update_runs_waits_for_it_not_the_host(mo
             time.sleep(0.03)
         return real(*args, **kwargs)
     monkeypatch.setattr(_replay, "_host_adamw", slow_adamw)
-    model, ids = tiny_llama(5, layers=4, hidden=256, intermediate=704, vocab=1024, seq=128)
-    twin = copy.deepcopy(model)
-    opt, twin_opt = (torch.optim.AdamW([{"params": [p]} for p in m.parameters()], lr=1e-3,
-                                       fused=True) for m in (model, twin))
-    trace = _recorded(model, opt, twin, twin_opt, ids)
-    plan = spillway.trace.plan(trace, 0.3, min_bytes=64 << 10, host_adamw_gbs=1e4)
+    model, opt, twin, twin_opt, ids, trace, plan = _host_updated_twins()
     updated = {sid for u in plan["host_updates"] for sid in u["params"]}
     assert any(g["wrap"] and g["storage"] in updated for g in plan["gaps"])
     replay = spillway.trace.replay(trace, plan)
