@@ -273,11 +273,11 @@ def run_one(method: str, args) -> dict:
                               "bytes_h2d": f["bytes_h2d"], "stall_ms": f["stall_ms"],
                               "host_busy_ms": f["host_busy_ms"],
                               # the host thread (Note [The host in residency replay])
-                              "host_issue_ms": f.get("host_issue_ms", 0.0),
-                              "host_blocked_ms": f.get("host_blocked_ms", 0.0),
-                              "host_late_ms": f.get("host_late_ms", 0.0),
-                              "replay_op_us": plan.get("replay_op_us", 0.0),
-                              "replay_copy_us": plan.get("replay_copy_us", 0.0)}
+                              "host_issue_ms": f["host_issue_ms"],
+                              "host_blocked_ms": f["host_blocked_ms"],
+                              "host_late_ms": f["host_late_ms"],
+                              "replay_op_us": plan["replay_op_us"],
+                              "replay_copy_us": plan["replay_copy_us"]}
     if not result["sums"]:
         result["sums"] = _state_sums(model, optimizer)  # after the last timed step
     result["rss_bytes"] = _rss_bytes()

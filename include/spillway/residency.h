@@ -81,6 +81,13 @@ struct ResidencyModel {
   double replay_copy_ms = 0;
 };
 
+// The host's time to issue the op at position p: its cpu_ms plus the replay's
+// own, or -1 when the host is not modelled or the op has no host time.
+inline double op_host_ms(const ResidencyModel& model, std::size_t p) {
+  if (p >= model.op_cpu_ms.size() || model.op_cpu_ms[p] < 0) return -1;
+  return model.op_cpu_ms[p] + model.replay_op_ms;
+}
+
 // Every node of `graph` is a position. A node uses the storages of the values
 // its args name and those of the values it produces; it writes what its
 // schema's write arguments name and every storage it produces values in that
@@ -161,8 +168,8 @@ struct ResidencyForecast {
   double host_busy_ms = 0;      // the host CPUs running optimizer updates
   // With the host modelled (ResidencyModel::op_cpu_ms): the host thread's time
   // issuing the step's ops and copies (their cpu_ms and the replay's own), the time it
-  // blocked (on a write-back a gap waits for, on a host update a copy back
-  // needs), and the compute stream's idle time waiting for it to issue an op.
+  // blocked (at a read of a parameter whose host update still runs), and the
+  // compute stream's idle time waiting for it to issue an op.
   double host_issue_ms = 0;
   double host_blocked_ms = 0;
   double host_late_ms = 0;

@@ -88,9 +88,7 @@ std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const Resi
   // modelled and slower (Note [The host in residency replay]): a copy hides
   // behind whichever sets the pace.
   std::vector<double> pace = model.op_ms;
-  for (std::size_t p = 0; p < model.op_cpu_ms.size(); ++p) {
-    if (model.op_cpu_ms[p] >= 0) pace[p] = std::max(pace[p], model.op_cpu_ms[p] + model.replay_op_ms);
-  }
+  for (std::size_t p = 0; p < pace.size(); ++p) pace[p] = std::max(pace[p], op_host_ms(model, p));
   std::vector<GapCandidate> out;
   for (std::size_t s = 0; s < model.storages.size(); ++s) {
     const ResidencyStorage& st = model.storages[s];

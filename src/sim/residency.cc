@@ -384,6 +384,16 @@ struct ResidencySimulation::Basis {
         transformed(host.empty() ? model : owned),
         cost(cost) {
     const auto n = transformed.op_ms.size();
+    if (!transformed.op_cpu_ms.empty() && transformed.op_cpu_ms.size() != n) {
+      residency_bad("op_cpu_ms has " + std::to_string(transformed.op_cpu_ms.size()) + " entries for " +
+                    std::to_string(n) + " ops");
+    }
+    for (const auto& [name, ms] : {std::pair{"replay_op_ms", transformed.replay_op_ms},
+                                   std::pair{"replay_copy_ms", transformed.replay_copy_ms}}) {
+      if (!(std::isfinite(ms) && ms >= 0)) {
+        residency_bad(std::string(name) + " must be a finite number >= 0, got " + std::to_string(ms));
+      }
+    }
     uses_by_position.assign(n, {});
     last_by_position.assign(n, {});
     for (std::size_t s = 0; s < transformed.storages.size(); ++s) {
@@ -416,16 +426,6 @@ class ResidencyReplay {
     const ResidencyModel& model = basis.original;
     check(plan);
     host_modelled_ = !model_.op_cpu_ms.empty();
-    if (host_modelled_ && model_.op_cpu_ms.size() != model_.op_ms.size()) {
-      residency_bad("op_cpu_ms has " + std::to_string(model_.op_cpu_ms.size()) + " entries for " +
-                    std::to_string(model_.op_ms.size()) + " ops");
-    }
-    if (!(std::isfinite(model_.replay_op_ms) && model_.replay_op_ms >= 0)) {
-      residency_bad("replay_op_ms must be a finite number >= 0, got " + std::to_string(model_.replay_op_ms));
-    }
-    if (!(std::isfinite(model_.replay_copy_ms) && model_.replay_copy_ms >= 0)) {
-      residency_bad("replay_copy_ms must be a finite number >= 0, got " + std::to_string(model_.replay_copy_ms));
-    }
     for (const std::int32_t k : plan.host_updated) {
       const HostUpdate& u = model.host_updates[k];
       const auto index = static_cast<std::int32_t>(updates_.size());
@@ -685,8 +685,7 @@ class ResidencyReplay {
     }
     // (3) The op, once the host has issued it.
     double begin = now_;
-    if (host_modelled_ && model_.op_cpu_ms[p] >= 0) {
-      const double issue = model_.op_cpu_ms[p] + model_.replay_op_ms;
+    if (const double issue = op_host_ms(model_, p); issue >= 0) {
       host_ += issue;
       if (reported) host_issue_ += issue;
       if (host_ > begin) {
@@ -696,8 +695,10 @@ class ResidencyReplay {
     }
     const double issued = begin;
     for (std::size_t s : uses_at(p)) {
-      if (const auto it = param_update_.find(static_cast<std::int32_t>(s)); it != param_update_.end()) {
-        block_host(update_end_[it->second]);  // the replay waits for the update it reads
+      if (host_modelled_) {
+        if (const auto it = param_update_.find(static_cast<std::int32_t>(s)); it != param_update_.end()) {
+          block_host(update_end_[it->second]);  // the replay waits for the update it reads
+        }
       }
       if (!on_device_[s]) {  // a storage whose copy back was planned for the step before
         if (!alive_[s] && !model_.storages[s].across_steps) {

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+import torch
+
 from spillway.trace._opaque import opaque
 from spillway.trace import _overhead
 from spillway.trace._overhead import replay_copy_us, replay_overhead_us
@@ -129,7 +131,7 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     if replay_op_us is None or replay_copy_us is None:  # measured where the host is modelled
         timed = next((n for n in graph["nodes"] if n.get("cpu_ms") is not None), None)
         device = _device_of(graph, timed) if timed is not None else None
-        if device is not None and device.startswith("cuda") and not _cuda_available():
+        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"[trace] the trace's host times were recorded on {device}, which "
                              f"this machine lacks to measure the replay's own: pass "
                              f"replay_op_us and replay_copy_us (0 leaves them out)")
@@ -153,11 +155,6 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
             if "live_bytes" in forecast:
                 forecast["live_bytes"] = [b + untracked for b in forecast["live_bytes"]]
     return result
-
-
-def _cuda_available() -> bool:
-    import torch
-    return torch.cuda.is_available()
 
 
 def _device_of(graph: dict, node: dict) -> str:

@@ -430,8 +430,7 @@ class Recorder(TorchDispatchMode):
             if cuda:
                 self._events.append((node["id"], start, end))
                 # The host's time on it: the program's since the op before, and the launch.
-                node["cpu_ms"] = (max(0.0, entered - self._left) * 1e3 if self._left else 0.0) + \
-                    launch_us / 1e3
+                node["cpu_ms"] = max(0.0, entered - self._left) * 1e3 + launch_us / 1e3
             self._left = time.perf_counter()
         return out
 
