@@ -81,13 +81,6 @@ struct ResidencyModel {
   double replay_copy_ms = 0;
 };
 
-// The host's time to issue the op at position p: its cpu_ms plus the replay's
-// own, or -1 when the host is not modelled or the op has no host time.
-inline double op_host_ms(const ResidencyModel& model, std::size_t p) {
-  if (p >= model.op_cpu_ms.size() || model.op_cpu_ms[p] < 0) return -1;
-  return model.op_cpu_ms[p] + model.replay_op_ms;
-}
-
 // Every node of `graph` is a position. A node uses the storages of the values
 // its args name and those of the values it produces; it writes what its
 // schema's write arguments name and every storage it produces values in that

@@ -84,11 +84,6 @@ struct GapCandidate {
 std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const ResidencyOptions& options,
                                      const CostModel& cost) {
   const auto n = static_cast<std::int32_t>(model.op_ms.size());
-  // Each op's share of the step: its GPU time, or the host's when the host is
-  // modelled and slower (Note [The host in residency replay]): a copy hides
-  // behind whichever sets the pace.
-  std::vector<double> pace = model.op_ms;
-  for (std::size_t p = 0; p < pace.size(); ++p) pace[p] = std::max(pace[p], op_host_ms(model, p));
   std::vector<GapCandidate> out;
   for (std::size_t s = 0; s < model.storages.size(); ++s) {
     const ResidencyStorage& st = model.storages[s];
@@ -105,10 +100,10 @@ std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const Resi
       std::int32_t lead = 0;
       while (lead + 1 < next - start && ahead < need) {
         ++lead;
-        ahead += pace[(next - lead) % n];
+        ahead += model.op_ms[(next - lead) % n];
       }
       double inside = 0;
-      for (std::int32_t p = start + 1; p < next; ++p) inside += pace[p % n];
+      for (std::int32_t p = start + 1; p < next; ++p) inside += model.op_ms[p % n];
       bool stale = !st.across_steps;
       for (bool w : st.writes) stale = stale || w;
       // The write-back starts after the last write before the gap (residency.cc);
@@ -118,9 +113,9 @@ std::vector<GapCandidate> gap_candidates(const ResidencyModel& model, const Resi
         std::int32_t written = start;
         for (std::int32_t j = k; j >= 0 && !st.writes[j]; --j) written = j > 0 ? st.uses[j - 1] : -1;
         double copied = 0;
-        for (std::int32_t p = std::max(written, 0) + 1; p <= start; ++p) copied += pace[p];
+        for (std::int32_t p = std::max(written, 0) + 1; p <= start; ++p) copied += model.op_ms[p];
         const double d2h = cost.d2h_ms(st.bytes);
-        while (gone < next - lead && copied < d2h) copied += pace[gone++ % n];
+        while (gone < next - lead && copied < d2h) copied += model.op_ms[gone++ % n];
       }
       GapCandidate c;
       c.gap = {static_cast<std::int32_t>(s), k, lead};

@@ -90,6 +90,13 @@ namespace {
 
 [[noreturn]] void residency_bad(const std::string& message) { throw InvalidArgument("residency", message); }
 
+// The host's time to issue the op at position p: its cpu_ms plus the replay's
+// own, or -1 when the host is not modelled or the op has no host time.
+double op_host_ms(const ResidencyModel& model, std::size_t p) {
+  if (p >= model.op_cpu_ms.size() || model.op_cpu_ms[p] < 0) return -1;
+  return model.op_cpu_ms[p] + model.replay_op_ms;
+}
+
 // Storage ids of a value's tensors with the furthest byte each reaches.
 void residency_storages_of(const Value& value, std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
   if (value.is_tensor()) {
