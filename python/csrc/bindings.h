@@ -24,6 +24,10 @@ void init_plan(pybind11::module_& m);
 // plan_resident_set, simulate_weight_stream (budget_bindings.cc).
 void init_budget(pybind11::module_& m);
 
+// spillway._C.ReplayDispatch: the trace replay's quiet ops in C++
+// (replay_dispatch.cc).
+void init_replay(pybind11::module_& m);
+
 // Each edit in order, as JSON; insertions carry their node as `rewritten`'s
 // JSON writer writes it (plan_bindings.cc). Throws Error when an inserted
 // node is missing from `rewritten`.

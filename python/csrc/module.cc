@@ -9,4 +9,5 @@ PYBIND11_MODULE(_C, m) {
   spillway::python::init_runtime(m);
   spillway::python::init_plan(m);
   spillway::python::init_budget(m);
+  spillway::python::init_replay(m);
 }

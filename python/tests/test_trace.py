@@ -902,6 +902,72 @@ def _skipped_layer(device):
     _same(model, opt, twin, twin_opt)
 
 
+@pytest.mark.parametrize("fraction", [None, 0.4], ids=["empty-plan", "plan-0.4"])
+def test_quiet_ops_run_in_cpp_and_the_steps_are_those_of_the_python_dispatch(
+        fraction, monkeypatch):
+    """Note [Replay dispatch in C++]: with the C++ dispatch, the ops the plan does
+    nothing at never reach Python, and every step is what the all-Python dispatch
+    makes of it: the same losses, parameters, AdamW state and copies, all equal to the
+    unplanned twin's."""
+    plan, runs = None, {}
+    for dispatch in ("cpp", "python"):
+        monkeypatch.setenv("SPILLWAY_REPLAY_DISPATCH", dispatch)
+        model, opt, twin, twin_opt, ids = _twins(13)  # the same twins each time
+        trace = _recorded(model, opt, twin, twin_opt, ids)
+        if plan is None:  # one plan for both (the recordings' op times differ)
+            plan = ({"gaps": [], "storages": {}} if fraction is None else
+                    spillway.trace.plan(trace, fraction, min_bytes=64 << 10))
+        replay = spillway.trace.replay(trace, plan)
+        with replay:
+            for k in range(2, 5):
+                with replay.step():
+                    a = _llama_step(model, opt, ids, k)
+                assert torch.equal(a, _llama_step(twin, twin_opt, ids, k)), (dispatch, k)
+        _same(model, opt, twin, twin_opt)
+        runs[dispatch] = replay.stats()
+    ops = sum(n["kind"] == "call_function" for n in trace.graph["nodes"])
+    cpp, python = runs["cpp"], runs["python"]
+    assert cpp["misses"] == python["misses"] == 0
+    assert python["cpp_ops"] == 0
+    if not _C.ReplayDispatch.available()[0]:
+        pytest.skip(f"no C++ dispatch here: {_C.ReplayDispatch.available()[1]}")
+    for key in ("write_backs", "copies_back", "bytes_d2h", "bytes_h2d", "left", "on_demand"):
+        assert cpp[key] == python[key], (key, cpp, python)
+    # Every op of an empty plan is quiet; a plan's copies send their ops to Python.
+    assert cpp["cpp_ops"] >= (0.95 if fraction is None else 0.5) * 3 * ops, (cpp, ops)
+
+
+def test_a_mode_beneath_the_replay_sees_every_op_and_nothing_runs_in_cpp():
+    """With another dispatch mode beneath the replay, each op must reach it after the
+    replay (as __torch_dispatch__'s func(*args) would): the C++ dispatch leaves such
+    ops to Python, and the step stays exact."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counting.seen += 1
+            return func(*args, **(kwargs or {}))
+
+    model, opt, twin, twin_opt, ids = _twins(14)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    ops = sum(n["kind"] == "call_function" for n in trace.graph["nodes"])
+    replay = spillway.trace.replay(trace, {"gaps": [], "storages": {}})
+    with Counting(), replay:
+        with replay.step():
+            a = _llama_step(model, opt, ids, 2)
+    assert torch.equal(a, _llama_step(twin, twin_opt, ids, 2))
+    _same(model, opt, twin, twin_opt)
+    assert replay.stats()["misses"] == 0 and replay.stats()["cpp_ops"] == 0
+    assert Counting.seen >= ops
+    # Left, the replay's dispatch is gone: a mode entered now sees the ops again.
+    Counting.seen = 0
+    with Counting():
+        _llama_step(twin, twin_opt, ids, 3)
+    assert Counting.seen >= ops
+
+
 def test_replay_misuse_is_a_clear_error():
     model, opt, twin, twin_opt, ids = _twins(9)
     trace = _recorded(model, opt, twin, twin_opt, ids)

@@ -1,7 +1,8 @@
 """What the replay costs the host per op and per copy, measured on this machine.
 
-A replayed step is issued by one host thread through a Python dispatch mode (Note
-[Replay] in _replay.py); on a GPU that thread, not the kernels, can set the pace. The
+A replayed step is issued by one host thread through the replay's dispatch mode (Note
+[Replay] in _replay.py; its quiet ops in C++ where torch allows, Note [Replay dispatch
+in C++]); on a GPU that thread, not the kernels, can set the pace. The
 residency forecast runs the host thread too (Note [The host in residency replay] in
 src/sim/residency.cc): each op costs its recorded cpu_ms, which already holds the
 dispatch machinery around a mode (the recorder was one), plus the replay's own work

@@ -46,6 +46,13 @@ counted, and the rest of the step runs with everything on the device
 or when asked (rerecord()), the next step is recorded again and planned
 anew for the same budget.
 
+Most ops of a step need nothing from the plan but its checks. Those run in
+C++ where this torch allows it (Note [Replay dispatch in C++],
+python/csrc/replay_dispatch.cc): the mode below is then entered only for ops
+the plan acts at, ops that read a storage away from the device or bind a moved
+storage's number, and ops that diverge. The storage numbering lives there for
+both sides. SPILLWAY_REPLAY_DISPATCH=python keeps every op in Python.
+
 On a CPU "device" (tests, the fake backend's stand-in) copies are
 synchronous and host buffers are plain CPU tensors: the storage really is
 freed and restored, so exactness is tested for real.
@@ -97,8 +104,12 @@ import threading
 import time
 import weakref
 
+import os
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from spillway import _C
 
 _active: list["Replay"] = []
 
@@ -131,6 +142,55 @@ def _key(tensor: torch.Tensor):
         return storage._cdata, storage
     except (RuntimeError, NotImplementedError, AttributeError):
         return None, None
+
+
+def _cpp_dispatch() -> tuple[bool, str]:
+    """Whether the replay's quiet ops may run in C++ here, and if not why."""
+    if os.environ.get("SPILLWAY_REPLAY_DISPATCH", "cpp") == "python":
+        return False, "SPILLWAY_REPLAY_DISPATCH=python"
+    return _C.ReplayDispatch.available()
+
+
+class _Away(dict):
+    """Storage key -> a moved storage away from the device, each change mirrored into
+    the C++ dispatch (an op that reads one goes the Python way, which brings it back)."""
+
+    __slots__ = ("_fast",)
+
+    def __init__(self, fast):
+        super().__init__()
+        self._fast = fast
+
+    def __setitem__(self, key, m):
+        super().__setitem__(key, m)
+        self._fast.away_add(key)
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._fast.away_remove(key)
+
+    def pop(self, key, *default):
+        if key in self:
+            self._fast.away_remove(key)
+        return super().pop(key, *default)
+
+    def clear(self):
+        super().clear()
+        self._fast.away_clear()
+
+
+def _gate(name: str) -> property:
+    """A flag that decides whether quiet ops may run in C++: set, it tells the C++ side."""
+    slot = name + "_"
+
+    def get(self):
+        return getattr(self, slot)
+
+    def set(self, value):
+        setattr(self, slot, value)
+        self._fast.set_enabled(bool(self._cpp_on and self._in_step_ and self._following_ and
+                                    not self._opaque_ and not self._watching_))
+    return property(get, set)
 
 
 class _Moved:
@@ -169,9 +229,28 @@ class Replay(TorchDispatchMode):
         # compiled region's kernels are no aten ops it could follow).
         return False
 
+    # Read and written as plain attributes; each write tells the C++ dispatch whether
+    # it may run quiet ops (and op k is counted there).
+    _in_step = _gate("_in_step")
+    _following = _gate("_following")
+    _opaque = _gate("_opaque")
+    _watching = _gate("_watching")
+    _in_step_ = _following_ = _watching_ = False
+    _opaque_ = 0
+    _cpp_on = False
+
+    @property
+    def _k(self) -> int:
+        return self._fast.k
+
+    @_k.setter
+    def _k(self, k: int) -> None:
+        self._fast.k = k
+
     def __init__(self, trace, plan: dict, *, budget=None, max_misses: int = 3,
                  min_bytes: int = 1 << 20, device_profile=None, host_adamw_gbs=None):
         super().__init__()
+        self._fast = _C.ReplayDispatch()
         self._budget, self._min_bytes, self._profile = budget, min_bytes, device_profile
         self._host_adamw_gbs = host_adamw_gbs
         self.max_misses = max_misses
@@ -192,7 +271,8 @@ class Replay(TorchDispatchMode):
         self._record_next = False
         self._diverged_in_a_row = 0
         self._moved: dict[int, _Moved] = {}
-        self._off: dict[int, _Moved] = {}  # storage key -> a moved storage not on the device
+        self._off: dict[int, _Moved] = _Away(self._fast)  # storage key -> a moved storage
+        #                                                    not on the device
         self._streams = None
         self._virtual: list = []  # (following, k) of opaque regions under way
         self._by_key: dict[int, _Moved] = {}  # storage key -> the moved storage it is
@@ -205,6 +285,7 @@ class Replay(TorchDispatchMode):
         self._leaving: list = []  # heap of (D2H sequence number, push count, _Moved)
         self._pushes = itertools.count()
         self._leaving_other: list = []
+        self._watched_events = ()
         self._d2h_seq = 0
         self._updated: collections.deque = collections.deque()
         self._dead: collections.deque = collections.deque()  # (key, _Moved) of dead storages
@@ -307,6 +388,16 @@ class Replay(TorchDispatchMode):
         self._away_between_steps = [gap["storage"] for gap in plan.get("gaps", []) if gap["wrap"]]
         for u in plan.get("host_updates", []):
             self._away_between_steps.extend(u["states"])
+        # The C++ dispatch's share (Note [Replay dispatch in C++]): quiet ops none of
+        # whose outputs is a moved storage (Python binds those to their host copies).
+        moved = self._moved
+        self._fast.load(
+            [target for target, _ in self._expected],
+            [quiet and all(e[1] is not None and e[1] not in moved for e in outs)
+             for quiet, (_, outs) in zip(self._quiet, self._expected)],
+            [[(list(e[0]), -1 if e[1] is None else e[1]) for e in outs]
+             for _, outs in self._expected],
+            sorted(moved))
 
     # ---- the mode ----
 
@@ -325,10 +416,19 @@ class Replay(TorchDispatchMode):
                 raise
         _active.append(self)
         self._entered = True
-        return super().__enter__()
+        result = super().__enter__()
+        if _cpp_dispatch()[0]:
+            self._fast.install(self, self._cpp_mismatch)
+            self._cpp_on = True
+            self._in_step = self._in_step  # tells the C++ side
+        return result
 
     def __exit__(self, *exc):
         try:
+            if self._cpp_on:
+                self._cpp_on = False
+                self._in_step = self._in_step
+                self._fast.uninstall()
             self._bring_all_back()
             self._drain()
         finally:
@@ -354,7 +454,7 @@ class Replay(TorchDispatchMode):
         self._record_next = True
 
     def stats(self) -> dict:
-        return dict(self._stats, away=len(self._off))
+        return dict(self._stats, away=len(self._off), cpp_ops=self._fast.quiet_ops)
 
     def watch_memory(self, on: bool = True) -> None:
         """From the next step on (until turned off), the bytes the CUDA caching allocator
@@ -381,9 +481,7 @@ class Replay(TorchDispatchMode):
         with self._lock:
             self._prime()
             self._k, self._following = 0, True
-            self._ids: dict[int, int] = {}
-            self._refs: list = []
-            self._next_sid = 0
+            self._fast.reset_numbering()
             self._in_step = True
             if self._watching:
                 self._memory = []
@@ -511,6 +609,7 @@ class Replay(TorchDispatchMode):
                 heapq.heappush(self._leaving, (m.seq, next(self._pushes), m))
             else:
                 self._leaving_other.append(m)
+            self._tell_leaving()
 
     def _land(self, m: _Moved) -> float:
         """A storage leaving is gone once this returns: its write-back waited for (the ms
@@ -538,6 +637,7 @@ class Replay(TorchDispatchMode):
         dead = self._dead
         while dead:
             key, m = dead.popleft()
+            self._fast.settle_pending(1)
             if self._off.get(key) is m:
                 del self._off[key]
             if self._by_key.get(key) is m:
@@ -545,6 +645,7 @@ class Replay(TorchDispatchMode):
         updated = self._updated
         while updated:
             m = updated.popleft()
+            self._fast.settle_pending(1)
             # Finished already (an op waited for it), or updated again since: skipped.
             if m in self._updating and m.update is not None and m.update.is_set():
                 self._finish_update(m)
@@ -564,6 +665,19 @@ class Replay(TorchDispatchMode):
                 if m.state == "leaving" and storage is not None:
                     self._poll_one(m, storage)
             self._leaving_other = [m for m in self._leaving_other if m.state == "leaving"]
+        self._tell_leaving()
+
+    def _tell_leaving(self) -> None:
+        """What the next poll waits for, for the C++ dispatch (Note [Replay dispatch in
+        C++]): the write-back events of the first storage leaving on the D2H stream (the
+        rest land after it) and of those leaving on other streams; none known (a CPU
+        device, a stale entry) sends every op to the poll while any storage is leaving."""
+        heads = self._leaving_other + ([self._leaving[0][2]] if self._leaving else [])
+        events = [m.d2h for m in heads]
+        handles = [getattr(e, "cuda_event", 0) for e in events]  # 0: not a recorded CUDA event
+        known = bool(handles) and all(handles)
+        self._fast.set_leaving(bool(heads), handles if known else [])
+        self._watched_events = events if known else ()  # alive while the C++ side may query
 
     def _wait_owner(self, m: _Moved) -> None:
         """A host update that reads or writes m's host buffer (a gradient's, a moment's)
@@ -736,6 +850,7 @@ class Replay(TorchDispatchMode):
             finally:
                 p.update.set()
                 self._updated.append(p)
+                self._fast.note_pending()
 
     def _finish_update(self, m: _Moved) -> None:
         """Waits for the parameter's host update; a parameter on the device gets the new
@@ -767,34 +882,24 @@ class Replay(TorchDispatchMode):
 
     # ---- numbering, as the recorder numbers ----
 
-    def _sid(self, tensor: torch.Tensor, keyed=None) -> int | None:
-        key, storage = keyed if keyed is not None else _key(tensor)
-        if key is None:
+    def _sid(self, tensor: torch.Tensor) -> int | None:
+        sid, new = self._fast.number(tensor)
+        if sid < 0:
             return None
-        sid = self._ids.get(key)
-        if sid is None:
-            sid = self._next_sid
-            self._next_sid += 1
-            self._ids[key] = sid
-            ids = self._ids
-
-            def freed(_ref, key=key, sid=sid, ids=ids):
-                if ids.get(key) == sid:
-                    del ids[key]
-            self._refs.append(weakref.ref(storage, freed))
-            m = self._moved.get(sid)
-            if m is not None:
-                old = m.ref() if m.ref is not None else None
-                if old is not None and old is not storage and m.state != "device":
-                    self._ensure(m, old, planned=True)  # the trace's storage is still away
-                if old is not storage and m.state != "device":
-                    # The last step's storage died away (a gradient its host update took):
-                    # this one starts on the device, with no host copy of its own yet.
-                    for stale in [k for k, v in self._off.items() if v is m]:
-                        del self._off[stale]
-                    m.state, m.host_valid, m.d2h, m.h2d = "device", False, None, None
-                m.ref = weakref.ref(storage, self._forget(m, key))
-                self._by_key[key] = m
+        m = self._moved.get(sid) if new else None
+        if m is not None:
+            key, storage = _key(tensor)
+            old = m.ref() if m.ref is not None else None
+            if old is not None and old is not storage and m.state != "device":
+                self._ensure(m, old, planned=True)  # the trace's storage is still away
+            if old is not storage and m.state != "device":
+                # The last step's storage died away (a gradient its host update took):
+                # this one starts on the device, with no host copy of its own yet.
+                for stale in [k for k, v in self._off.items() if v is m]:
+                    del self._off[stale]
+                m.state, m.host_valid, m.d2h, m.h2d = "device", False, None, None
+            m.ref = weakref.ref(storage, self._forget(m, key))
+            self._by_key[key] = m
         return sid
 
     def _forget(self, m: _Moved, key: int):
@@ -803,10 +908,11 @@ class Replay(TorchDispatchMode):
         longer name it (nothing would come back into the new one, but it would count as
         a fetch and stay in what each op looks through). The callback runs in whichever
         thread let go, the autograd engine's too: it only queues; the next poll forgets."""
-        dead = self._dead
+        dead, fast = self._dead, self._fast
 
         def forget(_ref):
             dead.append((key, m))
+            fast.note_pending()
         return forget
 
     def _before_op(self, target: str, inputs: list, bring: bool = True) -> tuple[bool, int]:
@@ -825,10 +931,8 @@ class Replay(TorchDispatchMode):
             following = False
         keyed = [_key(t) for t in inputs]  # each input's storage, found once
         if in_step:
-            ids = self._ids
-            for t, kk in zip(inputs, keyed):
-                if kk[0] is not None and kk[0] not in ids:
-                    self._sid(t, kk)
+            for t in inputs:
+                self._sid(t)
         if following and self._landed[k]:
             self._wait_landed(k)
         if following and self._before[k]:
@@ -923,7 +1027,6 @@ class Replay(TorchDispatchMode):
 
     # ---- opaque regions (spillway.trace.opaque): one virtual op each way ----
 
-    _opaque = 0
     _closed = False
 
     # These two run outside __torch_dispatch__ (from the region's wrapper and its
@@ -989,21 +1092,16 @@ class Replay(TorchDispatchMode):
     # An output unlike the trace's goes the general way, which says how it diverged.
 
     def _quiet_inputs(self, inputs: list) -> None:
-        ids, off = self._ids, self._off
+        off = self._off
         for t in inputs:
-            try:
-                storage = t.untyped_storage()
-            except (RuntimeError, NotImplementedError, AttributeError):
-                continue
-            key = storage._cdata
-            if key not in ids:
-                self._sid(t, (key, storage))
-            if off and key in off:
-                m = off[key]
-                self._ensure(m, storage, m.state == "coming")
+            self._sid(t)
+            if off:
+                key, storage = _key(t)
+                m = off.get(key) if key is not None else None
+                if m is not None:
+                    self._ensure(m, storage, m.state == "coming")
 
     def _quiet_outputs(self, out, k: int) -> None:
-        ids = self._ids
         expected = self._expected[k][1]
         if isinstance(out, _Tensor):
             outputs = [out]
@@ -1013,20 +1111,20 @@ class Replay(TorchDispatchMode):
             outputs = _tensors(out, [])
         if len(outputs) == len(expected):
             for t, e in zip(outputs, expected):
-                try:
-                    storage = t.untyped_storage()
-                except (RuntimeError, NotImplementedError, AttributeError):
-                    break
-                key = storage._cdata
-                sid = ids.get(key)
-                if sid is None:
-                    sid = self._sid(t, (key, storage))
-                if sid != e[1] or t.shape != e[0]:
+                sid = self._sid(t)
+                if sid is None or sid != e[1] or t.shape != e[0]:
                     break
             else:
                 self._k = k + 1
                 return
         self._after_op(self._expected[k][0], outputs, True, k)  # diverged: it says how
+
+    def _cpp_mismatch(self, k: int, outputs: list) -> None:
+        """A quiet op the C++ dispatch ran whose outputs are not the trace's (Note [Replay
+        dispatch in C++]): they come here unnumbered, from inside torch's dispatch with
+        this mode still on the stack, so whatever runs here runs with the modes off."""
+        with self._lock, torch.utils._python_dispatch._disable_current_modes():
+            self._after_op(self._expected[k][0], outputs, True, k)
 
 
 def _values(value: dict, out: list) -> None:
