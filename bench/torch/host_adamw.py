@@ -49,17 +49,18 @@ def _median_s(fn, repeat: int) -> float:
 
 
 class _Load:
-    """Background work while the update is timed: `copies`, 256 MiB pinned copies both
-    ways on two streams of the GPU, back to back; `busy`, a Python thread issuing small
-    tensor ops (on the GPU when there is one) without pause. report(): what the load did
-    meanwhile, so a row shows the load was there."""
+    """Background work while the update is timed: `copies`, spillway.optim's LinkTraffic
+    (256 MiB pinned copies both ways on two streams of the GPU, back to back); `busy`, a
+    Python thread issuing small tensor ops (on the GPU when there is one) without pause.
+    report(): what the load did meanwhile, so a row shows the load was there."""
 
     def __init__(self, copies: bool, busy: bool):
         import threading
-        self.copies, self.busy = copies, busy
+        from spillway.optim._probe import LinkTraffic
+        self.link = LinkTraffic() if copies else None
+        self.busy = busy
         self.stop = threading.Event()
-        self.threads = []
-        self.copied = 0
+        self.thread = None
         self.ops = 0
         self.began = 0.0
 
@@ -67,48 +68,32 @@ class _Load:
         import threading
         import torch
         self.began = time.perf_counter()
-        if self.copies:
-            size = 256 << 20
-            pairs = []
-            for _ in range(2):  # each way
-                host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-                pairs.append((host, torch.empty(size, dtype=torch.uint8, device="cuda"),
-                              torch.cuda.Stream()))
-
-            def copy():
-                (h1, d1, s1), (h2, d2, s2) = pairs
-                while not self.stop.is_set():
-                    with torch.cuda.stream(s1):
-                        d1.copy_(h1, non_blocking=True)
-                    with torch.cuda.stream(s2):
-                        h2.copy_(d2, non_blocking=True)
-                    s1.synchronize()
-                    s2.synchronize()
-                    self.copied += 2 * size
-            self.threads.append(threading.Thread(target=copy, daemon=True))
+        if self.link is not None:
+            self.link.__enter__()
         if self.busy:
             def busy():
                 x = torch.ones(1024, device="cuda" if torch.cuda.is_available() else "cpu")
                 while not self.stop.is_set():
                     x = x.mul(1.0001).add_(1e-6)
                     self.ops += 2
-            self.threads.append(threading.Thread(target=busy, daemon=True))
-        for t in self.threads:
-            t.start()
-        time.sleep(0.2)  # under way before the first timing
+            self.thread = threading.Thread(target=busy, daemon=True)
+            self.thread.start()
+            time.sleep(0.2)  # under way before the first timing
         return self
 
     def __exit__(self, *exc):
         self.elapsed = time.perf_counter() - self.began
         self.stop.set()
-        for t in self.threads:
-            t.join()
+        if self.thread is not None:
+            self.thread.join()
+        if self.link is not None:
+            self.link.__exit__(*exc)
 
     def report(self) -> str:
         seconds = getattr(self, "elapsed", time.perf_counter() - self.began)
         parts = []
-        if self.copies:
-            parts.append(f"copied {self.copied / seconds / 1e9:.1f} GB/s (both ways together)")
+        if self.link is not None:
+            parts.append(f"copied {self.link.copied_gbs():.1f} GB/s (both ways together)")
         if self.busy:
             parts.append(f"issued {self.ops / seconds / 1e3:.0f} k ops/s")
         return ", ".join(parts)

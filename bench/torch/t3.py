@@ -21,7 +21,8 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
                           parameter the plan can move around (the same arithmetic per
                           element as one group: bitwise equal, checked against none);
                           :host lets the plan run AdamW on the host CPUs (their speed
-                          measured first, spillway.optim.measure_host_adamw_gbs) when
+                          measured first while the GPU copies both ways,
+                          spillway.optim.measure_host_adamw_gbs) when
                           its forecast is faster (Note [Host updates in replay]);
                           :threads=N runs it on N threads (SPILLWAY_HOST_THREADS)
     spillway-hostadam     spillway.optim.HostAdamW(step_in_backward=True, free_grads=True):
@@ -235,7 +236,9 @@ def run_one(method: str, args) -> dict:
             gbs = None
             if "host" in flags:  # AdamW may run on the host: at the speed measured here
                 from spillway.optim import measure_host_adamw_gbs
-                gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs()
+                # While copying: the updates run beside the step's copies.
+                gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs(while_copying=True)
+                result["host_adamw_gbs_alone"] = measure_host_adamw_gbs()
             if args.save_trace:  # for planning it elsewhere: spillway simulate, plan()
                 out = pathlib.Path(args.save_trace)
                 out.mkdir(parents=True, exist_ok=True)

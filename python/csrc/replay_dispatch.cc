@@ -155,6 +155,15 @@ Hook hook;
 
 class ReplayDispatch {
  public:
+  ReplayDispatch() = default;
+  ReplayDispatch(const ReplayDispatch&) = delete;
+  ReplayDispatch& operator=(const ReplayDispatch&) = delete;
+  // A replay dropped while installed (entered and never left) takes the hook with it.
+  ~ReplayDispatch() {
+    ReplayDispatch* self = this;
+    if (hook.replay.compare_exchange_strong(self, nullptr)) uninstall_hook();
+  }
+
   // The plan, per op k of the trace: its target, whether C++ may run it, and its
   // outputs; the storages the plan moves. The numbering and k are left as they are.
   void load(const std::vector<std::string>& targets, const std::vector<bool>& quiet,

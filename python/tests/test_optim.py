@@ -311,3 +311,14 @@ def test_the_host_adamw_benchmark_runs_under_load(tmp_path):
     assert busy and "k ops/s" in busy[-1]["load"]
     copies = [r for r in rows if "under copies" in r["method"]]
     assert bool(copies) == torch.cuda.is_available()
+
+
+def test_the_host_update_speed_while_copying_needs_and_uses_the_gpu():
+    """measure_host_adamw_gbs(while_copying=True): the update timed while the GPU copies
+    both ways (as in a replayed step); without CUDA a clear error."""
+    from spillway.optim import measure_host_adamw_gbs
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match=r"^\[optim\] copies between host and GPU need CUDA"):
+            measure_host_adamw_gbs(elements=1 << 16, while_copying=True)
+        return
+    assert measure_host_adamw_gbs(elements=1 << 22, while_copying=True) > 0

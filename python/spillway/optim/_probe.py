@@ -17,6 +17,7 @@ The powers beta**step in the bias corrections come from the device as well
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -192,10 +193,16 @@ def probe_adamw(device, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e
 
 
 def measure_host_adamw_gbs(arithmetic: str = ARITHMETICS[0], *, elements: int = 1 << 24,
-                           threads: int | None = None, repeat: int = 3) -> float:
+                           threads: int | None = None, repeat: int = 3,
+                           while_copying: bool = False) -> float:
     """The host update's bandwidth on this machine in GB/s (28 bytes per element, the
     best of `repeat` updates of `elements` fp32 values after a warm-up): what
-    spillway.trace.plan(host_adamw_gbs=...) needs. About a second for the default."""
+    spillway.trace.plan(host_adamw_gbs=...) needs. About a second for the default.
+
+    while_copying: measured while the GPU copies pinned host memory both ways, as a
+    replayed step's write-backs and copies back do while its updates run (they share
+    the host's memory bandwidth: T3's updates ran at 78 GB/s in a step on the H200
+    machine, against 122 alone). Needs CUDA."""
     import time
 
     from spillway import ops  # loads spillway._C, which registers the op
@@ -205,10 +212,58 @@ def measure_host_adamw_gbs(arithmetic: str = ARITHMETICS[0], *, elements: int = 
     p, g = torch.randn(elements), torch.randn(elements)
     m, v = torch.zeros(elements), torch.zeros(elements)
     best = float("inf")
-    for k in range(repeat + 1):
-        began = time.perf_counter()
-        torch.ops.spillway.adamw_update_(p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 1e-2, False,
-                                         0.9, 0.999, arithmetic_code(arithmetic), threads)
-        if k:
-            best = min(best, time.perf_counter() - began)
+    with LinkTraffic() if while_copying else contextlib.nullcontext():
+        for k in range(repeat + 1):
+            began = time.perf_counter()
+            torch.ops.spillway.adamw_update_(p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 1e-2, False,
+                                             0.9, 0.999, arithmetic_code(arithmetic), threads)
+            if k:
+                best = min(best, time.perf_counter() - began)
     return 28 * elements / best / 1e9
+
+
+
+class LinkTraffic:
+    """While entered: pinned host memory copied to and from the GPU, 256 MiB each way on
+    two streams, back to back, from a thread of its own: the link and the host's memory
+    busy as a replayed step's write-backs and copies back keep them. copied_gbs(): what
+    it moved per second, both ways together. Needs CUDA."""
+
+    def __init__(self, size: int = 256 << 20):
+        if not torch.cuda.is_available():
+            raise RuntimeError("[optim] copies between host and GPU need CUDA")
+        self.pairs = [(torch.empty(size, dtype=torch.uint8, pin_memory=True),
+                       torch.empty(size, dtype=torch.uint8, device="cuda"), torch.cuda.Stream())
+                      for _ in range(2)]
+        self.size, self.copied, self.began, self.ended = size, 0, 0.0, None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._copy, daemon=True)
+
+    def _copy(self) -> None:
+        (h1, d1, s1), (h2, d2, s2) = self.pairs
+        while not self.stop.is_set():
+            with torch.cuda.stream(s1):
+                d1.copy_(h1, non_blocking=True)
+            with torch.cuda.stream(s2):
+                h2.copy_(d2, non_blocking=True)
+            s1.synchronize()
+            s2.synchronize()
+            self.copied += 2 * self.size
+
+    def __enter__(self):
+        import time
+        self.began = time.perf_counter()
+        self.thread.start()
+        time.sleep(0.2)  # under way before anything is timed
+        return self
+
+    def __exit__(self, *exc):
+        import time
+        self.ended = time.perf_counter()
+        self.stop.set()
+        self.thread.join()
+
+    def copied_gbs(self) -> float:
+        import time
+        seconds = (self.ended or time.perf_counter()) - self.began
+        return self.copied / seconds / 1e9
