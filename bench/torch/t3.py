@@ -15,8 +15,11 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
                           after each step go to --work)
     spillway:budget=F[:host][:threads=N]
                           step 1 plain (AdamW makes its state), step 2 recorded
-                          (spillway.trace.record), planned for F * X (spillway.trace.plan),
-                          steps 3.. replayed (spillway.trace.replay). AdamW has one
+                          (spillway.trace.record), step 3 replayed under a plan that moves
+                          nothing, its host time per op measured (the forecast's host:
+                          spillway.trace.with_host_times), planned for F * X
+                          (spillway.trace.plan), steps 4.. replayed
+                          (spillway.trace.replay). AdamW has one
                           parameter group per parameter, so its fused step is one op per
                           parameter the plan can move around (the same arithmetic per
                           element as one group: bitwise equal, checked against none);
@@ -37,8 +40,8 @@ DeepSpeed, and the only peers it may receive are the carried wheels its README l
 (torchtune, diffusers, torchao), so it cannot run there.
 
 Per method: the median step time over the steps after the first three (CUDA events;
-the third, a spillway method's first replayed step, makes its pinned host buffers and is
-reported apart as "step 3"), the CPU's time to issue a step (near the step time: bound
+for spillway after the first four: the fourth, its first step under the plan, makes its
+pinned host buffers and is reported apart as "step 3" (the third step of the others)), the CPU's time to issue a step (near the step time: bound
 by the CPU), the peak GPU memory allocated in every step after the first two, the host RSS, whether the loss of every step
 and every parameter and AdamW state after the last step equal the reference's (two
 checksums of the bits of each), and for spillway the plan's forecast (step, peak)
@@ -233,22 +236,39 @@ def run_one(method: str, args) -> dict:
                 if flag.startswith("threads="):
                     os.environ["SPILLWAY_HOST_THREADS"] = flag.removeprefix("threads=")
                     result["host_threads"] = int(flag.removeprefix("threads="))
+            # Step 3 under a plan that moves nothing: the host's time per op as a replay
+            # spends it (the recorder's own Python work is in its times).
+            probe = spillway.trace.replay(recording.trace, {"gaps": [], "storages": {}})
+            probe.__enter__()
+            planned = (recording.trace, budget, flags)
+        elif kind == "spillway" and k == 2:
+            def probed(ids=ids):
+                with probe.step():
+                    return step(ids)
+            loss, ms = timed(probed)
+            host_times = probe.host_times_ms()
+            probe.__exit__(None, None, None)
+            trace, budget, flags = planned
+            if host_times is not None:
+                trace = spillway.trace.with_host_times(trace, host_times)
+                result["host_times_ms"] = sum(host_times)
             gbs = None
             if "host" in flags:  # AdamW may run on the host: at the speed measured here
                 from spillway.optim import measure_host_adamw_gbs
                 # While copying: the updates run beside the step's copies.
-                gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs(while_copying=True)
+                gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs(
+                    while_copying=device.type == "cuda")
                 result["host_adamw_gbs_alone"] = measure_host_adamw_gbs()
             if args.save_trace:  # for planning it elsewhere: spillway simulate, plan()
                 out = pathlib.Path(args.save_trace)
                 out.mkdir(parents=True, exist_ok=True)
-                spillway.trace.save(recording.trace, out / "t3-trace.json.zst")
+                spillway.trace.save(trace, out / "t3-trace.json.zst")
             began = time.perf_counter()
-            plan = spillway.trace.plan(recording.trace, int(budget), min_bytes=args.min_bytes,
+            plan = spillway.trace.plan(trace, int(budget), min_bytes=args.min_bytes,
                                        host_adamw_gbs=gbs, live_bytes=True)
             result["plan_s"] = time.perf_counter() - began
             result["host_updates"] = len(plan["host_updates"])
-            replay = spillway.trace.replay(recording.trace, plan)
+            replay = spillway.trace.replay(trace, plan)
             replay.__enter__()
         elif replay is not None:
             def replayed(ids=ids):
@@ -287,13 +307,14 @@ def run_one(method: str, args) -> dict:
     # Steady state: the median over the steps after the first three (plain, recorded,
     # first replayed: that one makes the pinned host buffers); the third is reported apart.
     times = result["times_ms"]
-    steady = slice(3, None) if len(times) >= 5 else slice(2, None)
+    first = 4 if kind == "spillway" else 3  # the first step under the plan, or the third
+    steady = slice(first, None) if len(times) >= first + 2 else slice(first - 1, None)
     result["step_ms"] = statistics.median(times[steady] or times)
     if result["issue_ms"]:
         result["issue_step_ms"] = statistics.median(result["issue_ms"][steady] or
                                                     result["issue_ms"])
     if len(times) >= 3:
-        result["third_step_ms"] = times[2]
+        result["third_step_ms"] = times[first - 1] if len(times) >= first else times[2]
     return result
 
 

@@ -20,8 +20,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -180,6 +182,7 @@ class ReplayDispatch {
       auto& expected = outputs_.emplace_back();
       for (const auto& [sizes, sid] : op_outputs) expected.push_back(ExpectedOutput{sizes, sid});
     }
+    issued_ns_.assign(targets.size(), -1);
     moved_.clear();
     for (const auto sid : moved) {
       if (sid < 0) continue;
@@ -193,9 +196,33 @@ class ReplayDispatch {
     std::lock_guard lock(mu_);
     return k_;
   }
+  // Python's op k is issued when it sets k + 1 (its ops count one by one); k = 0
+  // starts a step.
   void set_k(std::int64_t k) {
     std::lock_guard lock(mu_);
+    if (k == 0) {
+      step_began_ns_ = now_ns();
+      std::fill(issued_ns_.begin(), issued_ns_.end(), -1);
+    } else if (k == k_ + 1) {
+      mark_issued(k_);
+    }
     k_ = k;
+  }
+
+  // Per op of the step under way (or the last), ms from the op before it (op 0: from
+  // the step's start) until it was issued, that is launched and returned: the host's
+  // time on the op, the program's own work before it included. None for an op not
+  // reached, or reached out of turn.
+  std::vector<std::optional<double>> host_times_ms() const {
+    std::lock_guard lock(mu_);
+    std::vector<std::optional<double>> out(issued_ns_.size());
+    std::int64_t before = step_began_ns_;
+    for (std::size_t k = 0; k < issued_ns_.size(); ++k) {
+      const std::int64_t at = issued_ns_[k];
+      if (at >= 0 && before >= 0 && at >= before) out[k] = static_cast<double>(at - before) / 1e6;
+      before = at;
+    }
+    return out;
   }
   void set_enabled(bool on) {
     std::lock_guard lock(mu_);
@@ -311,6 +338,7 @@ class ReplayDispatch {
       std::lock_guard lock(mu_);
       if (k_ == k && enabled_ && outputs_match(k, returned)) {
         commit_fresh();
+        mark_issued(k);
         k_ = k + 1;
         ++quiet_ops_;
         return true;
@@ -321,6 +349,14 @@ class ReplayDispatch {
   }
 
  private:
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void mark_issued(std::int64_t k) {
+    if (k >= 0 && static_cast<std::size_t>(k) < issued_ns_.size()) issued_ns_[k] = now_ns();
+  }
+
   // Whether a write-back Python waits for has landed (see set_leaving). The events
   // are queried under mu_, which set_leaving takes before the caller lets them go; a
   // query does not block.
@@ -428,6 +464,8 @@ class ReplayDispatch {
   };
   std::vector<Fresh> fresh_;
   std::int64_t quiet_ops_ = 0;
+  std::int64_t step_began_ns_ = -1;
+  std::vector<std::int64_t> issued_ns_;  // per op, when it was issued this step (-1: not yet)
   PyObject* mode_ = nullptr;  // borrowed: the Replay, which owns this object
   py::object on_mismatch_;    // touched under the GIL only
 };
@@ -544,6 +582,7 @@ void init_replay(py::module_& m) {
            "(storage number, whether new) of the tensor's storage in this step; (-1, False) "
            "for a tensor without storage.")
       .def("reset_numbering", &ReplayDispatch::reset_numbering)
+      .def("host_times_ms", &ReplayDispatch::host_times_ms)
       .def_property_readonly("quiet_ops", &ReplayDispatch::quiet_ops)
       .def("install", &ReplayDispatch::install, py::arg("mode"), py::arg("on_mismatch"))
       .def("uninstall", &ReplayDispatch::uninstall);

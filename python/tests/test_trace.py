@@ -937,6 +937,40 @@ def test_quiet_ops_run_in_cpp_and_the_steps_are_those_of_the_python_dispatch(
     assert cpp["cpp_ops"] >= (0.95 if fraction is None else 0.5) * 3 * ops, (cpp, ops)
 
 
+def test_a_replayed_step_measures_the_hosts_time_per_op_for_the_forecast():
+    """Replay.host_times_ms(): per op, the host's ms since the op before (the program's
+    work, the dispatch and the replay's); with_host_times puts them in a trace whose
+    forecast then runs that host, with no replay overhead added on top."""
+    model, opt, twin, twin_opt, ids = _twins(15)
+    trace = _recorded(model, opt, twin, twin_opt, ids)
+    ops = sum(n["kind"] == "call_function" for n in trace.graph["nodes"])
+    replay = spillway.trace.replay(trace, {"gaps": [], "storages": {}})
+    assert replay.host_times_ms() is None
+    with replay:
+        began = time.perf_counter()
+        with replay.step():
+            _llama_step(model, opt, ids, 2)
+        wall_ms = (time.perf_counter() - began) * 1e3
+    times = replay.host_times_ms()
+    assert len(times) == ops and all(t >= 0 for t in times)
+    assert 0.5 * wall_ms < sum(times) <= wall_ms
+    timed = spillway.trace.with_host_times(trace, times)
+    assert timed.graph["metadata"]["cpu_ms_from"] == "replay"
+    assert all("cpu_ms" not in n for n in trace.graph["nodes"])  # the recording untouched
+    plan = spillway.trace.plan(timed, 1.0, replay_copy_us=0)
+    assert plan["replay_op_us"] == 0
+    assert plan["forecast"]["host_issue_ms"] == pytest.approx(sum(times), rel=1e-6)
+    with pytest.raises(ValueError, match=r"^\[trace\] 3 host times for a trace of"):
+        spillway.trace.with_host_times(trace, [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match=r"must be ms >= 0, got -1"):
+        spillway.trace.with_host_times(trace, [-1] * ops)
+    # A step that diverged leaves the last full one's times.
+    with replay:
+        with replay.step():
+            _llama_step(model, opt, ids[:, :64], 3)
+    assert replay.host_times_ms() == times
+
+
 def test_a_mode_beneath_the_replay_sees_every_op_and_nothing_runs_in_cpp():
     """With another dispatch mode beneath the replay, each op must reach it after the
     replay (as __torch_dispatch__'s func(*args) would): the C++ dispatch leaves such

@@ -23,7 +23,7 @@ from spillway.trace import _overhead
 from spillway.trace._overhead import replay_copy_us, replay_overhead_us
 from spillway.trace._recorder import Recorder, StorageInfo, Trace
 
-__all__ = ["record", "save", "load", "plan", "replay", "opaque", "replay_overhead_us",
+__all__ = ["record", "save", "load", "plan", "replay", "opaque", "with_host_times", "replay_overhead_us",
            "replay_copy_us", "Trace", "StorageInfo"]
 
 
@@ -90,7 +90,9 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
     src/sim/residency.cc; the forecast's host_issue_ms, host_blocked_ms and
     host_late_ms). replay_op_us, replay_copy_us: the replay's own host time per op and
     per copy it issues; default measured once on the trace's device
-    (spillway.trace.replay_overhead_us, replay_copy_us).
+    (spillway.trace.replay_overhead_us, replay_copy_us). A recorder's cpu_ms hold the
+    recorder's own work too; host times measured in a replayed step (with_host_times)
+    hold the replay's per-op work already, and replay_op_us defaults to 0 for them.
     """
     import json
 
@@ -136,7 +138,8 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
                              f"this machine lacks to measure the replay's own: pass "
                              f"replay_op_us and replay_copy_us (0 leaves them out)")
         if replay_op_us is None:
-            replay_op_us = _overhead.replay_overhead_us(device) if device else 0.0
+            replay_op_us = (_overhead.replay_overhead_us(device) if device and
+                            graph.get("metadata", {}).get("cpu_ms_from") != "replay" else 0.0)
         if replay_copy_us is None:
             replay_copy_us = _overhead.replay_copy_us(device) if device else 0.0
     result = json.loads(_C.plan_residency(
@@ -155,6 +158,29 @@ def plan(trace, budget, *, min_bytes: int = 1 << 20, device_profile=None,
             if "live_bytes" in forecast:
                 forecast["live_bytes"] = [b + untracked for b in forecast["live_bytes"]]
     return result
+
+
+def with_host_times(trace, host_times_ms) -> Trace:
+    """The trace with each op's host time (its nodes' cpu_ms) replaced by `host_times_ms`,
+    one per op in order: Replay.host_times_ms() of a step replayed under a plan that moves
+    nothing is the host's own time per op as a replayed step spends it. The recorder's
+    cpu_ms hold its own Python work (T3 on an H100: 832 ms a step against 150 ms of
+    the plain step's issue); a forecast from these runs the host as the replay does."""
+    graph = trace.graph if isinstance(trace, Trace) else trace
+    times = list(host_times_ms)
+    nodes = [dict(n) if n["kind"] == "call_function" else n for n in graph["nodes"]]
+    ops = [n for n in nodes if n["kind"] == "call_function"]
+    if len(times) != len(ops):
+        raise ValueError(f"[trace] {len(times)} host times for a trace of {len(ops)} ops")
+    for node, ms in zip(ops, times):
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < float("inf"):
+            raise ValueError(f"[trace] host time of op {node['name']} must be ms >= 0, got {ms!r}")
+        node["cpu_ms"] = float(ms)
+    metadata = dict(graph.get("metadata", {}), cpu_ms_from="replay")
+    new_graph = dict(graph, nodes=nodes, metadata=metadata)
+    if isinstance(trace, Trace):
+        return Trace(new_graph, trace.storages, refs=trace.refs)
+    return Trace(new_graph)
 
 
 def _device_of(graph: dict, node: dict) -> str:

@@ -295,6 +295,7 @@ class Replay(TorchDispatchMode):
         self._k, self._following = 0, True  # the op to come, and whether the step follows the trace
         self._watching = False
         self._memory: list = []
+        self._host_times = None
         self._load(trace, plan)
 
     # ---- the plan as per-op actions ----
@@ -456,6 +457,17 @@ class Replay(TorchDispatchMode):
     def stats(self) -> dict:
         return dict(self._stats, away=len(self._off), cpp_ops=self._fast.quiet_ops)
 
+    def host_times_ms(self) -> list[float] | None:
+        """The host's time on each op of the last step that followed the trace, in ms
+        from the op before it until the op was issued (the program's own work between
+        them, the dispatch and the replay's included): the nodes' cpu_ms of a trace
+        that forecasts this host (spillway.trace.with_host_times). None before such a
+        step."""
+        times = self._host_times
+        if times is None or any(t is None for t in times):
+            return None
+        return list(times)
+
     def watch_memory(self, on: bool = True) -> None:
         """From the next step on (until turned off), the bytes the CUDA caching allocator
         holds allocated just before each op of the step are recorded: memory_by_op()."""
@@ -497,6 +509,7 @@ class Replay(TorchDispatchMode):
                 self._stats["steps"] += 1
                 if self._following:
                     self._diverged_in_a_row = 0
+                    self._host_times = self._fast.host_times_ms()
                 else:
                     self._diverged_in_a_row += 1
                     if self._diverged_in_a_row >= self.max_misses and self._budget is not None:
