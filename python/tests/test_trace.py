@@ -1130,8 +1130,9 @@ def test_cuda_recorded_times_are_the_gpus_not_the_launches():
     assert 0 <= untracked < 1 << 30
     # The GPU's own gap between one kernel and the next counts, the profiler's kernel
     # times leave it out: on the H200, 9.45 ms recorded for 3.12 ms of kernels in 1175
-    # ops, 5.4 us an op (before the sleep, a view alone took 15 to 20).
-    assert recorded_ms < 1.5 * gpu_ms + 0.008 * len(ops)
+    # ops, 5.4 us an op (before the sleep, a view alone took 15 to 20); on an H100
+    # machine 15.85 ms for 3.26 ms, 10.7 us an op.
+    assert recorded_ms < 1.5 * gpu_ms + 0.015 * len(ops)
     # Every op has its host time: what the program spent on it since the op before, and
     # its launch, with the recorder's own Python work (T3 on an H100: 832 ms a step
     # against a plain step's 150 ms of issue). A step replayed under an empty plan
@@ -1141,7 +1142,7 @@ def test_cuda_recorded_times_are_the_gpus_not_the_launches():
     _llama_step(model, opt, ids, 0)
     plain_issue_ms = (time.perf_counter() - began) * 1e3
     torch.cuda.synchronize()
-    recorded_host_ms = sum(n["cpu_ms"] for n in ops)
+    recorded_host_ms = sum(n.get("cpu_ms") or 0 for n in ops)  # none on a CPU tensor's op
     replay = spillway.trace.replay(r.trace, {"gaps": [], "storages": {}})
     with replay:
         for _ in range(2):
@@ -1153,7 +1154,7 @@ def test_cuda_recorded_times_are_the_gpus_not_the_launches():
           f"step's issue {plain_issue_ms:.2f} ms; replay's own "
           f"{spillway.trace.replay_overhead_us('cuda'):.1f} us an op, "
           f"{spillway.trace.replay_copy_us('cuda'):.1f} us a copy")
-    assert all(n["cpu_ms"] >= 0 for n in ops)
+    assert all(n["cpu_ms"] >= 0 for n in ops if n.get("cpu_ms") is not None)
     assert recorded_host_ms > 0.5 * plain_issue_ms
     assert 0.5 * plain_issue_ms < replayed_host_ms < 2 * plain_issue_ms + 0.01 * len(ops)
 
