@@ -100,11 +100,10 @@ import collections
 import contextlib
 import heapq
 import itertools
+import os
 import threading
 import time
 import weakref
-
-import os
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -188,8 +187,7 @@ def _gate(name: str) -> property:
 
     def set(self, value):
         setattr(self, slot, value)
-        self._fast.set_enabled(bool(self._cpp_on and self._in_step_ and self._following_ and
-                                    not self._opaque_ and not self._watching_))
+        self._tell_enabled()
     return property(get, set)
 
 
@@ -238,6 +236,11 @@ class Replay(TorchDispatchMode):
     _in_step_ = _following_ = _watching_ = False
     _opaque_ = 0
     _cpp_on = False
+
+    def _tell_enabled(self) -> None:
+        """Whether the C++ dispatch may run quiet ops now (each gate's write calls this)."""
+        self._fast.set_enabled(bool(self._cpp_on and self._in_step_ and self._following_ and
+                                    not self._opaque_ and not self._watching_))
 
     @property
     def _k(self) -> int:
@@ -421,14 +424,14 @@ class Replay(TorchDispatchMode):
         if _cpp_dispatch()[0]:
             self._fast.install(self, self._cpp_mismatch)
             self._cpp_on = True
-            self._in_step = self._in_step  # tells the C++ side
+            self._tell_enabled()
         return result
 
     def __exit__(self, *exc):
         try:
             if self._cpp_on:
                 self._cpp_on = False
-                self._in_step = self._in_step
+                self._tell_enabled()
                 self._fast.uninstall()
             self._bring_all_back()
             self._drain()
