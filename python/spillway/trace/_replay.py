@@ -688,7 +688,10 @@ class Replay(TorchDispatchMode):
         C++]): the write-back events of the first storage leaving on the D2H stream (the
         rest land after it) and of those leaving on other streams; none known (a CPU
         device, a stale entry) sends every op to the poll while any storage is leaving."""
-        heads = self._leaving_other + ([self._leaving[0][2]] if self._leaving else [])
+        leaving = self._leaving
+        while leaving and not (leaving[0][2].state == "leaving" and leaving[0][2].seq == leaving[0][0]):
+            heapq.heappop(leaving)  # stale (came back, or left anew under a later number)
+        heads = self._leaving_other + ([leaving[0][2]] if leaving else [])
         events = [m.d2h for m in heads]
         handles = [getattr(e, "cuda_event", 0) for e in events]  # 0: not a recorded CUDA event
         known = bool(handles) and all(handles)
