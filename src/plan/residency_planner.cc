@@ -48,18 +48,15 @@
 // kFastest also plans with the first eighth, quarter, half and three
 // quarters of them, in the order their gradients complete (the last layers'
 // first: their updates overlap the rest of backward, and their parameters
-// are needed last in the next forward), then twice with the counts halfway
-// between the fastest count and its tried neighbours. A choice per parameter
-// is left for later: each choice is a whole gap search (the choices of a round
-// run on threads of their own).
+// are needed last in the next forward). A choice per parameter is left for
+// later: each choice is a whole gap search (the choices run on threads of
+// their own).
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <future>
-#include <iterator>
 #include <limits>
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -489,71 +486,43 @@ ResidencyResult plan_residency(const ResidencyModel& model, const ResidencyOptio
     for (const std::int32_t g : u.grads) ready[k] = std::max(ready[k], gradient_complete_position(model, u, g));
   }
   std::stable_sort(every.begin(), every.end(), [&](std::int32_t a, std::int32_t b) { return ready[a] < ready[b]; });
+  std::vector<std::vector<std::int32_t>> choices;
   using Mode = ResidencyOptions::HostUpdates;
-  const std::size_t n = every.size();
-  // A choice is a count: the first `count` updates of `every` (0: none on the host).
-  std::vector<std::size_t> counts;
-  if (options.host_updates != Mode::kAll || every.empty()) counts.push_back(0);
-  const bool with_host = options.host_updates != Mode::kNone && !every.empty() && !fits_budget(unplanned, options);
-  if (with_host) {
+  if (options.host_updates != Mode::kAll || every.empty()) choices.push_back({});
+  if (options.host_updates != Mode::kNone && !every.empty() && !fits_budget(unplanned, options)) {
     // kFastest: the first eighth, quarter, half, three quarters and all of them.
-    std::set<std::size_t> parts{n};
+    const std::size_t n = every.size();
+    std::set<std::size_t> counts{n};
     if (options.host_updates == Mode::kFastest) {
       for (const std::size_t part : {n / 8, n / 4, n / 2, 3 * n / 4}) {
-        if (part > 0) parts.insert(part);
+        if (part > 0) counts.insert(part);
       }
     }
-    counts.insert(counts.end(), parts.begin(), parts.end());
+    for (const std::size_t count : counts) {
+      std::vector<std::int32_t> chosen(every.begin(), every.begin() + static_cast<std::ptrdiff_t>(count));
+      std::sort(chosen.begin(), chosen.end());
+      choices.push_back(std::move(chosen));
+    }
   }
   // Each choice is planned on its own thread (the simulator is pure): on T3's step a
-  // choice takes tens of seconds. Results are compared in ascending count, the first
-  // fastest kept, so the answer is the one a single thread gives.
-  std::map<std::size_t, double> tried;  // count -> forecast step ms (refused: infinity)
+  // choice takes tens of seconds. The results are taken in the choices' order, so the
+  // answer is the one a single thread gives.
+  std::vector<std::future<ResidencyResult>> planned;
+  planned.reserve(choices.size());
+  for (const auto& host : choices) {
+    planned.push_back(std::async(std::launch::async, [&model, &host, &options, &cost] {
+      return plan_with_host_updates(model, host, options, cost);
+    }));
+  }
   std::optional<ResidencyResult> best;
-  std::size_t best_count = 0;
   std::optional<InvalidArgument> refused;
-  auto plan_counts = [&](const std::vector<std::size_t>& round) {
-    std::vector<std::future<ResidencyResult>> planned;
-    planned.reserve(round.size());
-    for (const std::size_t count : round) {
-      std::vector<std::int32_t> host(every.begin(), every.begin() + static_cast<std::ptrdiff_t>(count));
-      std::sort(host.begin(), host.end());
-      planned.push_back(std::async(std::launch::async, [&model, host = std::move(host), &options, &cost] {
-        return plan_with_host_updates(model, host, options, cost);
-      }));
+  for (auto& future : planned) {
+    try {
+      ResidencyResult r = future.get();
+      if (!best || r.forecast.step_ms < best->forecast.step_ms - 1e-9) best = std::move(r);
+    } catch (const InvalidArgument& e) {
+      refused = e;  // the last choice's (with host updates, the lower peak) is the one to report
     }
-    for (std::size_t i = 0; i < round.size(); ++i) {
-      try {
-        ResidencyResult r = planned[i].get();
-        tried[round[i]] = r.forecast.step_ms;
-        if (!best || r.forecast.step_ms < best->forecast.step_ms - 1e-9 ||
-            (r.forecast.step_ms <= best->forecast.step_ms + 1e-9 && round[i] < best_count)) {
-          best = std::move(r);
-          best_count = round[i];
-        }
-      } catch (const InvalidArgument& e) {
-        tried[round[i]] = std::numeric_limits<double>::infinity();
-        refused = e;  // the last choice's (with host updates, the lower peak) is the one to report
-      }
-    }
-  };
-  plan_counts(counts);
-  // kFastest then narrows in, twice, on the fastest count: the counts halfway to its
-  // tried neighbours (T3 at 50 % with host AdamW at 89 GB/s: an eighth was the fastest
-  // of the first round, a quarter too many).
-  for (int round = 0; with_host && options.host_updates == Mode::kFastest && best && round < 2; ++round) {
-    const auto at = tried.find(best_count);
-    std::vector<std::size_t> between;
-    if (at != tried.begin()) {
-      const std::size_t mid = (std::prev(at)->first + best_count) / 2;
-      if (tried.count(mid) == 0) between.push_back(mid);
-    }
-    if (std::next(at) != tried.end()) {
-      const std::size_t mid = (best_count + std::next(at)->first) / 2;
-      if (tried.count(mid) == 0) between.push_back(mid);
-    }
-    if (between.empty()) break;
-    plan_counts(between);
   }
   if (!best) throw *refused;
   best->unplanned = unplanned;
