@@ -265,7 +265,8 @@ def run_one(method: str, args) -> dict:
                 spillway.trace.save(trace, out / "t3-trace.json.zst")
             began = time.perf_counter()
             plan = spillway.trace.plan(trace, int(budget), min_bytes=args.min_bytes,
-                                       host_adamw_gbs=gbs, live_bytes=True)
+                                       host_adamw_gbs=gbs, live_bytes=True,
+                                       device_profile=args.device_profile)
             result["plan_s"] = time.perf_counter() - began
             result["host_updates"] = len(plan["host_updates"])
             replay = spillway.trace.replay(trace, plan)
@@ -382,6 +383,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--min-bytes", type=int, default=1 << 20)
+    parser.add_argument("--device-profile", help="the device-profile JSON the plans are made "
+                        "with (python -m spillway.calibrate on this GPU); default: the shipped "
+                        "H200 profile")
     parser.add_argument("--work", default="/tmp/spillway-t3")
     parser.add_argument("--timeout", type=int, default=300)
     parser.add_argument("--profile", help="a directory: one more step of each method under "
@@ -414,6 +418,8 @@ def main(argv=None) -> int:
             command += ["--profile", args.profile]
         if args.tiny:
             command.append("--tiny")
+        if args.device_profile:
+            command += ["--device-profile", args.device_profile]
         if args.save_trace and method.startswith("spillway:") and not saved:
             command += ["--save-trace", args.save_trace]
             saved = True
