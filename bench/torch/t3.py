@@ -207,6 +207,7 @@ def run_one(method: str, args) -> dict:
             with replay.step():
                 step(ids)
             replay.watch_memory(False)
+            result["on_demand_watched"] = replay.on_demand_copies()
             continue
         if k >= args.steps:  # the profiled step
             def profiled_step(ids=ids):
@@ -282,6 +283,7 @@ def run_one(method: str, args) -> dict:
         result["times_ms"].append(ms)
         if replay is not None and k >= 2:  # each replayed step's own counts
             result.setdefault("replay_steps", []).append(replay.stats())
+            result.setdefault("on_demand_steps", []).append(replay.on_demand_copies())
         if device.type == "cuda" and k >= (3 if kind == "spillway" else 2):
             # Every step after the first two; for spillway every step under the plan
             # (step 3 ran under the empty plan that measures the host, at full memory).

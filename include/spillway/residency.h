@@ -168,9 +168,11 @@ struct ResidencyForecast {
   double host_late_ms = 0;
   std::vector<std::int64_t> live_bytes;  // per position, as at the peak
   // (storage index, position): a storage freed once its D2H landed, before the
-  // op at that position allocates (step (1) of Note [Residency replay]). The
-  // replay waits for a copy still under way there, so memory stays within the
-  // forecast even when the real copy is late.
+  // op at that position allocates (step (1) of Note [Residency replay]), or
+  // freed at once where it leaves because its D2H has landed by then (the
+  // position after; one past the last: the next step's first op). The replay
+  // waits for a copy still under way there, so memory stays within the
+  // forecast even when the real copy is later than the forecast's.
   std::vector<std::pair<std::int32_t, std::int32_t>> landed;
   // (storage index, position): a copy back issued while the storage's write-back
   // was still under way, so it never left the device in that gap (its copies

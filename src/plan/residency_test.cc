@@ -147,6 +147,9 @@ TEST(ResidencyReplay, AReadOnlyWeightSpendsTheWrapOnTheHostAndOnlyComesBack) {
   EXPECT_EQ(f.host_bytes, 2 * kMs);
   EXPECT_EQ(f.live_bytes, (std::vector<std::int64_t>{2 * kMs, 2 * kMs, kMs, kMs, 2 * kMs, 2 * kMs}));
   EXPECT_EQ(f.peak_bytes, 2 * kMs);
+  // Freed at once after op 1, its host copy long landed; named all the same: the real
+  // copy of the step before may be late, and the replay lets it go before op 2.
+  EXPECT_EQ(f.landed, (std::vector<std::pair<std::int32_t, std::int32_t>>{{0, 2}}));
 }
 
 TEST(ResidencyReplay, AWeightWrittenAtTheEndGoesOutAndTheNextStepWaitsForIt) {

@@ -773,7 +773,10 @@ class ResidencyReplay {
           await_landing(s);  // its write-back is under way
           recategorise(s, kInFlight);
         } else if (host_valid_[s]) {
+          // Its write-back has landed here: freed at once. The replay's copy may be
+          // later than this one; it is let go before the next op all the same.
           release(s);
+          if (reported) out.landed.emplace_back(static_cast<std::int32_t>(s), p + 1);
         } else {  // the first step: no write-back before it yet
           d2h_done_[s] = copy(d2h_, h2d_, now_, model_.storages[s].bytes, false, p);
           d2h_bytes_ += model_.storages[s].bytes;
@@ -786,10 +789,13 @@ class ResidencyReplay {
     for (std::size_t s : last_uses_at(p)) {
       alive_[s] = false;
       host_valid_[s] = false;
-      if (update_grad_.count(static_cast<std::int32_t>(s)) && d2h_done_[s] > now_) {
-        await_landing(s);  // a gradient on its way to the host update
-        recategorise(s, kInFlight);
-        continue;
+      if (update_grad_.count(static_cast<std::int32_t>(s))) {
+        if (d2h_done_[s] > now_) {
+          await_landing(s);  // a gradient on its way to the host update
+          recategorise(s, kInFlight);
+          continue;
+        }
+        if (reported) out.landed.emplace_back(static_cast<std::int32_t>(s), p + 1);
       }
       release(s);
       pending_free_.erase(s);

@@ -298,6 +298,7 @@ class Replay(TorchDispatchMode):
         self._k, self._following = 0, True  # the op to come, and whether the step follows the trace
         self._watching = False
         self._memory: list = []
+        self._on_demand_log: list = []  # this step's copies back on demand (on_demand_copies())
         self._host_times = None
         self._load(trace, plan)
 
@@ -378,7 +379,7 @@ class Replay(TorchDispatchMode):
         self._landed = [[] for _ in range(n_ops)]
         for sid, pos in plan.get("landed", []):
             if sid in self._moved:
-                self._landed[index_of[pos]].append(sid)
+                self._landed[index_of.get(pos, 0)].append(sid)  # past the end: op 0
         # Most ops have nothing to do after them: one test skips the four lists.
         self._acts_after = [bool(writes[k] or after_write_back[k] or after_leave[k] or
                                  self._grad_done[k]) for k in range(n_ops)]
@@ -460,6 +461,13 @@ class Replay(TorchDispatchMode):
     def stats(self) -> dict:
         return dict(self._stats, away=len(self._off), cpp_ops=self._fast.quiet_ops)
 
+    def on_demand_copies(self) -> list[tuple[int, int, str, int, str]]:
+        """The copies back the plan did not foresee in the last step (the first 64): (op
+        index, or -1 between steps; storage id; its name; bytes; where it was: "host", or
+        "leaving" when its write-back had not landed). Each one holds memory the forecast
+        has free from there to the storage's next planned move."""
+        return list(self._on_demand_log)
+
     def host_times_ms(self) -> list[float] | None:
         """The host's time on each op of the last step that followed the trace, in ms
         from the op before it until the op was issued (the program's own work between
@@ -496,6 +504,7 @@ class Replay(TorchDispatchMode):
         with self._lock:
             self._prime()
             self._k, self._following = 0, True
+            self._on_demand_log = []
             self._fast.reset_numbering()
             self._in_step = True
             if self._watching:
@@ -760,6 +769,9 @@ class Replay(TorchDispatchMode):
         if m.state in ("host", "leaving"):
             if not planned:
                 self._stats["on_demand"] += 1
+                if len(self._on_demand_log) < 64:  # which, where: the first of them a step
+                    self._on_demand_log.append((self._k if self._in_step else -1, m.sid, m.name,
+                                         m.nbytes, m.state))
             self._issue(m)
         if m.state == "coming":
             if m.h2d is not None:
