@@ -816,6 +816,9 @@ def test_reading_an_away_storage_between_steps_brings_it_back():
         assert torch.equal(value, twin_opt.state[q][key])
         assert replay.stats()["on_demand"] == before + 1
         assert value.untyped_storage().nbytes() > 0
+        # Named: between steps (op -1), the storage's bytes, from the host.
+        k, _, _, nbytes, where = replay.on_demand_copies()[-1]
+        assert (k, nbytes, where) == (-1, value.untyped_storage().nbytes(), "host")
 
 
 @pytest.mark.parametrize("device", DEVICES)

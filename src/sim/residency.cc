@@ -26,8 +26,9 @@
 //       gap is this op is written back: a D2H starts once the D2H stream is
 //       free and the op has finished (so a gap long after the write finds its
 //       host copy ready); then each storage whose gap starts here leaves the
-//       device, at once when its host copy is valid and landed, else when
-//       its write-back lands (1). A storage never written gets its host copy
+//       device, at once when its host copy is valid and landed (named in
+//       `landed` at the next position: the replay's copy may be later), else
+//       when its write-back lands (1). A storage never written gets its host copy
 //       once, when the plan is made, not in every step. A storage made in the step and not kept
 //       is freed after its last use, or where the recorded step freed it when
 //       that was later (a gradient zero_grad lets go of); a kept one at the

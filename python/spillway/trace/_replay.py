@@ -32,8 +32,13 @@ write-back landed and the storage freed (the plan's "landed"), a copy still
 under way is let go anyway and the compute stream waits for it: a copy later
 than forecast, or a CPU that runs ahead of the GPU and allocates for later
 ops, would otherwise hold memory the plan gave away (T3 at 75 % went 2.4 %
-over its budget so). The wait is the GPU's, not the host's: a host that
-waited there left the GPU idle behind it each time. A gap's planned wait
+over its budget so). That covers a storage the forecast frees at once where
+it leaves, its host copy landed by the forecast's clock: its real write-back
+may still be under way (a first step, where the weights have no host copy
+yet, writes them back as they leave and backs up the D2H stream: T3 went
+0.29-0.33 GiB over on an H100 until these were named too). The wait is the
+GPU's, not the host's: a host that waited there left the GPU idle behind it
+each time. A gap's planned wait
 (HostGap::wait, the plan's "wait_pos": the compute stream waits for copies
 queued past a peak) is such a place too, so it needs nothing of its own.
 
