@@ -790,13 +790,11 @@ class ResidencyReplay {
     for (std::size_t s : last_uses_at(p)) {
       alive_[s] = false;
       host_valid_[s] = false;
-      if (update_grad_.count(static_cast<std::int32_t>(s))) {
-        if (d2h_done_[s] > now_) {
-          await_landing(s);  // a gradient on its way to the host update
-          recategorise(s, kInFlight);
-          continue;
-        }
-        if (reported) out.landed.emplace_back(static_cast<std::int32_t>(s), p + 1);
+      // A gradient's last use is where it is complete, so its D2H has just begun.
+      if (update_grad_.count(static_cast<std::int32_t>(s)) && d2h_done_[s] > now_) {
+        await_landing(s);  // a gradient on its way to the host update
+        recategorise(s, kInFlight);
+        continue;
       }
       release(s);
       pending_free_.erase(s);

@@ -314,8 +314,8 @@ class Replay(TorchDispatchMode):
         nodes = trace.graph["nodes"]
         self._op_pos = [p for p, n in enumerate(nodes) if n["kind"] == "call_function"]
         n_ops = len(self._op_pos)
-        k, index_of = 0, {}  # position -> the first op at or after it
-        for p in range(len(nodes)):
+        k, index_of = 0, {}  # position -> the first op at or after it (one past the last too)
+        for p in range(len(nodes) + 1):
             while k < n_ops and self._op_pos[k] < p:
                 k += 1
             index_of[p] = k if k < n_ops else 0  # past the last op: the next step's first
@@ -384,7 +384,7 @@ class Replay(TorchDispatchMode):
         self._landed = [[] for _ in range(n_ops)]
         for sid, pos in plan.get("landed", []):
             if sid in self._moved:
-                self._landed[index_of.get(pos, 0)].append(sid)  # past the end: op 0
+                self._landed[index_of[pos]].append(sid)
         # Most ops have nothing to do after them: one test skips the four lists.
         self._acts_after = [bool(writes[k] or after_write_back[k] or after_leave[k] or
                                  self._grad_done[k]) for k in range(n_ops)]
@@ -775,8 +775,8 @@ class Replay(TorchDispatchMode):
             if not planned:
                 self._stats["on_demand"] += 1
                 if len(self._on_demand_log) < 64:  # which, where: the first of them a step
-                    self._on_demand_log.append((self._k if self._in_step else -1, m.sid, m.name,
-                                         m.nbytes, m.state))
+                    k = self._k if self._in_step else -1
+                    self._on_demand_log.append((k, m.sid, m.name, m.nbytes, m.state))
             self._issue(m)
         if m.state == "coming":
             if m.h2d is not None:
