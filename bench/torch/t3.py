@@ -255,11 +255,13 @@ def run_one(method: str, args) -> dict:
                 result["host_times_ms"] = sum(host_times)
             gbs = None
             if "host" in flags:  # AdamW may run on the host: at the speed measured here
-                from spillway.optim import measure_host_adamw_gbs
+                from spillway.optim import measure_host_adamw
                 # While copying: the updates run beside the step's copies.
-                gbs = result["host_adamw_gbs"] = measure_host_adamw_gbs(
-                    while_copying=device.type == "cuda")
-                result["host_adamw_gbs_alone"] = measure_host_adamw_gbs()
+                copying = measure_host_adamw(while_copying=device.type == "cuda")
+                alone = measure_host_adamw()
+                gbs = result["host_adamw_gbs"] = copying["gbs"]
+                result["host_adamw_gbs_alone"] = alone["gbs"]
+                result["host_adamw_samples"] = {"copying": copying, "alone": alone}
             if args.save_trace:  # for planning it elsewhere: spillway simulate, plan()
                 out = pathlib.Path(args.save_trace)
                 out.mkdir(parents=True, exist_ok=True)
@@ -283,6 +285,16 @@ def run_one(method: str, args) -> dict:
         result["times_ms"].append(ms)
         if replay is not None and k >= 2:  # each replayed step's own counts
             result.setdefault("replay_steps", []).append(replay.stats())
+            if plan is not None and plan["forecast"]["host_busy_ms"] > 0:
+                # The host updates' speed in this step: the bytes the plan gave them (its
+                # busy time at the speed it was made for) over the time they took here
+                # (stats() counts since the replay began).
+                steps = result["replay_steps"]
+                busy = steps[-1]["host_busy_ms"] - (steps[-2]["host_busy_ms"]
+                                                    if len(steps) > 1 else 0.0)
+                planned = plan["forecast"]["host_busy_ms"] * result["host_adamw_gbs"]
+                result.setdefault("host_adamw_gbs_in_step", []).append(
+                    planned / busy if busy > 0 else None)
             result.setdefault("on_demand_steps", []).append(replay.on_demand_copies())
         if device.type == "cuda" and k >= (3 if kind == "spillway" else 2):
             # Every step after the first two; for spillway every step under the plan
@@ -460,11 +472,16 @@ def main(argv=None) -> int:
 
 def _report(results, args, quiet: bool = False) -> None:
     rows = ["| method | step ms | × none | step 3 ms | CPU issue ms | peak GiB | "
-            "forecast step / peak | host RSS GiB | loss, state == none |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "forecast step / peak | host RSS GiB | RSS over none's / host bytes | "
+            "loss, state == none |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    # The host memory the offload costs: the RSS above a plain process's (the reference's:
+    # CUDA's and torch's own), against the bytes the plan keeps on the host.
+    base_rss = next((r["rss_bytes"] for r in results if r["method"] == "none"
+                     and "error" not in r), None)
     for r in results:
         if "error" in r:
-            rows.append(f"| {r['method']} | failed | | | | | | | |")
+            rows.append(f"| {r['method']} | failed | | | | | | | | |")
             continue
         f = r.get("forecast")
         forecast = (f"{f['step_ms']:.1f} ms / {f['peak_bytes'] / GIB:.2f} GiB" if f else "")
@@ -473,13 +490,20 @@ def _report(results, args, quiet: bool = False) -> None:
                          f"{f['host_blocked_ms']:.0f} blocked; the replay's own "
                          f"{f['replay_op_us']:.1f} us an op, {f['replay_copy_us']:.0f} a copy)")
         if r.get("host_updates"):
-            forecast += (f" (AdamW on the host: {r['host_updates']} ops, "
-                         f"{r['host_adamw_gbs']:.0f} GB/s)")
+            in_step = [g for g in r.get("host_adamw_gbs_in_step", []) if g]
+            forecast += (f" (AdamW on the host: {r['host_updates']} ops, planned at "
+                         f"{r['host_adamw_gbs']:.0f} GB/s" +
+                         (f", ran at {min(in_step):.0f}-{max(in_step):.0f}" if in_step else "")
+                         + ")")
+        elif r.get("host_adamw_gbs"):
+            forecast += f" (AdamW on the device; the host measured {r['host_adamw_gbs']:.0f} GB/s)"
+        rss_ratio = (f"{(r['rss_bytes'] - base_rss) / f['host_bytes']:.3f}"
+                     if f and f.get("host_bytes") and base_rss is not None else "")
         name = r["method"] + (" (control)" if r["method"] == "none" and "vs_none" in r else "")
         rows.append(f"| {name} | {r['step_ms']:.1f} | {r.get('vs_none', 1.0):.2f} | "
                     f"{r.get('third_step_ms', 0):.1f} | {r.get('issue_step_ms', 0):.1f} | "
                     f"{r.get('peak_bytes', 0) / GIB:.2f} | {forecast} | "
-                    f"{r['rss_bytes'] / GIB:.2f} | "
+                    f"{r['rss_bytes'] / GIB:.2f} | {rss_ratio} | "
                     f"{r.get('losses_equal', True)}, {r.get('state_equal', True)} |")
     table = "\n".join(rows)
     if not quiet:

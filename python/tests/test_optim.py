@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import statistics
 
 import pytest
 import torch
@@ -322,3 +323,20 @@ def test_the_host_update_speed_while_copying_needs_and_uses_the_gpu():
             measure_host_adamw_gbs(elements=1 << 16, while_copying=True)
         return
     assert measure_host_adamw_gbs(elements=1 << 22, while_copying=True) > 0
+
+
+def test_the_host_update_speed_is_the_median_of_its_samples_over_fresh_arrays():
+    """measure_host_adamw(): `repeat` timed updates in each of `rounds` rounds (Note
+    [Sampling the host update's speed]), the median of them the speed a plan uses; bad
+    counts are refused by name."""
+    from spillway.optim import measure_host_adamw, measure_host_adamw_gbs
+    out = measure_host_adamw(elements=1 << 16, rounds=3, repeat=2, threads=1)
+    assert len(out["samples_gbs"]) == 6 and all(g > 0 for g in out["samples_gbs"])
+    assert out["gbs"] == statistics.median(out["samples_gbs"])
+    assert out["best_gbs"] == max(out["samples_gbs"])
+    assert (out["elements"], out["threads"]) == (1 << 16, 1)
+    assert "copied_gbs" not in out
+    assert measure_host_adamw_gbs(elements=1 << 16, rounds=1, repeat=1) > 0
+    for bad in ({"rounds": 0}, {"repeat": 0}, {"elements": 0}):
+        with pytest.raises(ValueError, match=r"^\[optim\] elements, rounds and repeat must be >= 1"):
+            measure_host_adamw(**bad)

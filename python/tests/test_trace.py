@@ -1244,4 +1244,11 @@ def test_the_t3_benchmark_runs_and_checks_its_results(tmp_path):
         assert spill["losses_equal"] is True and spill["state_equal"] is True, method
         assert spill["replay"]["misses"] == 0 and spill["replay"]["left"] > 0, method
         assert spill["forecast"]["peak_bytes"] <= spill["forecast"]["budget_bytes"], method
-    assert results["spillway:budget=0.3:host"]["host_adamw_gbs"] > 0
+    host = results["spillway:budget=0.3:host"]
+    assert host["host_adamw_gbs"] > 0
+    # The speed planned for is the median of its samples; with updates on the host the
+    # speed they ran at in each replayed step after the first is beside it.
+    assert host["host_adamw_gbs"] == host["host_adamw_samples"]["copying"]["gbs"]
+    assert len(host["host_adamw_samples"]["alone"]["samples_gbs"]) == 9
+    if host["host_updates"]:
+        assert all(g > 0 for g in host["host_adamw_gbs_in_step"][1:])

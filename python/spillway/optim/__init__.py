@@ -10,6 +10,8 @@ _host_adamw.py (Note [The host optimizer]) for the pipeline.
 """
 
 from spillway.optim._host_adamw import HostAdamW
-from spillway.optim._probe import ARITHMETICS, measure_host_adamw_gbs, probe_adamw
+from spillway.optim._probe import (ARITHMETICS, measure_host_adamw, measure_host_adamw_gbs,
+                                   probe_adamw)
 
-__all__ = ["HostAdamW", "probe_adamw", "measure_host_adamw_gbs", "ARITHMETICS"]
+__all__ = ["HostAdamW", "probe_adamw", "measure_host_adamw", "measure_host_adamw_gbs",
+           "ARITHMETICS"]
