@@ -24,8 +24,8 @@ batch 1 x seq 2048; a step is forward + backward + optimizer step + zero_grad. M
                           parameter the plan can move around (the same arithmetic per
                           element as one group: bitwise equal, checked against none);
                           :host lets the plan run AdamW on the host CPUs (their speed
-                          measured first while the GPU copies both ways,
-                          spillway.optim.measure_host_adamw_gbs) when
+                          measured first while the GPU copies both ways: the median
+                          of spillway.optim.measure_host_adamw's samples) when
                           its forecast is faster (Note [Host updates in replay]);
                           :threads=N runs it on N threads (SPILLWAY_HOST_THREADS)
     spillway-hostadam     spillway.optim.HostAdamW(step_in_backward=True, free_grads=True):
