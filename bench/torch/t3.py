@@ -490,10 +490,11 @@ def _report(results, args, quiet: bool = False) -> None:
                          f"{f['host_blocked_ms']:.0f} blocked; the replay's own "
                          f"{f['replay_op_us']:.1f} us an op, {f['replay_copy_us']:.0f} a copy)")
         if r.get("host_updates"):
-            in_step = [g for g in r.get("host_adamw_gbs_in_step", []) if g]
+            # Over the steps of the median (the list starts at the third step).
+            in_step = [g for g in r.get("host_adamw_gbs_in_step", [])[2:] if g]
             forecast += (f" (AdamW on the host: {r['host_updates']} ops, planned at "
                          f"{r['host_adamw_gbs']:.0f} GB/s" +
-                         (f", ran at {min(in_step):.0f}-{max(in_step):.0f}" if in_step else "")
+                         (f", ran at {statistics.median(in_step):.0f}" if in_step else "")
                          + ")")
         elif r.get("host_adamw_gbs"):
             forecast += f" (AdamW on the device; the host measured {r['host_adamw_gbs']:.0f} GB/s)"
