@@ -1,4 +1,5 @@
-// CPU-side costs of the runtime on the fake backend (Google Benchmark):
+// CPU-side costs of the runtime on the fake backend (Google Benchmark; the
+// copy engine's are in copy_engine_bench.cc):
 //   * one pinned-pool allocate/release in steady state;
 //   * one step of BENCHMARKS.md T1's saved activations (16 layers x 15
 //     tensors: 8 x 64 MiB, 4 x 176 MiB, 1 MiB, 2 x 64 KiB per layer) through

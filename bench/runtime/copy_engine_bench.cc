@@ -1,0 +1,67 @@
+// The copy engine's host cost per transfer on the fake backend (Google
+// Benchmark): one batch of bench/gpu/copy_bandwidth.cc's engine rows, 1024
+// transfers per direction submitted at once, every one waited for with
+// wait_enqueued oldest first, then drain(); the wall clock covers all of it.
+// Args: transfer bytes, directions (1: device-to-host only, 2: both at once).
+// At 4 KiB the fake streams' memcpy is negligible and the figure is the
+// engine's dispatch path; at 1 MiB it is the memcpy on two cores plus it.
+//   build/release/bench/runtime/spillway_bench_runtime --benchmark_filter=CopyEngine
+
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "runtime/backend/backend.h"
+#include "runtime/copy_engine.h"
+#include "spillway/runtime.h"
+
+namespace spillway {
+namespace {
+
+using runtime::CopyEngine;
+using runtime::CopyKind;
+using runtime::TransferPtr;
+
+constexpr int kTransfersPerDirection = 1024;
+// Transfers cycle through buffers of this size, as copy_bandwidth's do
+// through theirs; one stream's copies into one buffer run in order.
+constexpr std::size_t kBufferBytes = std::size_t{64} << 20;
+
+void BM_CopyEngineBatch(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const bool both = state.range(1) == 2;
+  auto backend = runtime::make_fake_backend({});
+  CopyEngine engine(*backend, CopyEngineOptions{});
+  std::vector<char> device_src(kBufferBytes, 1), host_dst(kBufferBytes);
+  std::vector<char> host_src(kBufferBytes, 2), device_dst(kBufferBytes);
+  std::vector<TransferPtr> transfers;
+  transfers.reserve(2 * kTransfersPerDirection);
+  for (auto _ : state) {
+    for (int i = 0; i < kTransfersPerDirection; ++i) {
+      const std::size_t at = i * bytes % (kBufferBytes - bytes + 1) / bytes * bytes;
+      transfers.push_back(engine.submit(CopyKind::kDeviceToHost, host_dst.data() + at,
+                                        device_src.data() + at, bytes, 0, {}));
+      if (both) {
+        transfers.push_back(engine.submit(CopyKind::kHostToDevice, device_dst.data() + at,
+                                          host_src.data() + at, bytes, 0, {}));
+      }
+    }
+    for (const TransferPtr& t : transfers) engine.wait_enqueued(t);
+    engine.drain();
+    transfers.clear();
+  }
+  const double per_batch = kTransfersPerDirection * (both ? 2.0 : 1.0);
+  state.counters["transfers_per_s"] =
+      benchmark::Counter(per_batch * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * per_batch * bytes));
+}
+BENCHMARK(BM_CopyEngineBatch)
+    ->ArgNames({"bytes", "directions"})
+    ->ArgsProduct({{4 << 10, 1 << 20}, {1, 2}})
+    ->UseRealTime()
+    ->MeasureProcessCPUTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace spillway
