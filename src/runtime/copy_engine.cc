@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
+#include <deque>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "spillway/error.h"
 
@@ -19,11 +23,27 @@ const char* direction(CopyKind kind) {
 
 // One direction: its stream, its queue and its dispatcher thread.
 struct CopyEngine::Lane {
+  // The most urgent first (invariant 1): highest priority, then oldest. A
+  // transfer's priority changes only while it is out of the set.
+  struct MoreUrgent {
+    bool operator()(const TransferPtr& a, const TransferPtr& b) const {
+      if (a->priority_ != b->priority_) return a->priority_ > b->priority_;
+      return a->seq_ < b->seq_;
+    }
+  };
+
   CopyKind kind;
   std::unique_ptr<Stream> stream;
-  std::vector<TransferPtr> pending;  // guarded by CopyEngine::mu_
-  std::size_t busy = 0;              // transfers taken by the dispatcher, guarded by mu_
-  std::deque<TransferPtr> outstanding;  // enqueued, not seen complete; guarded by mu_
+  // Guarded by CopyEngine::mu_:
+  std::set<TransferPtr, MoreUrgent> pending;  // with chunks not yet taken
+  std::size_t busy = 0;                       // transfers taken by the dispatcher
+  std::deque<TransferPtr> outstanding;        // enqueued, not seen complete
+  // Waited on with mu_ (Note [Dispatch cost]). The dispatcher waits on
+  // `work` for pending transfers or shutdown. wait_enqueued, finish and drain
+  // wait on `progress`, notified when a transfer is enqueued: the lane goes
+  // idle only then (the chunk just done was its transfer's last, or failed).
+  std::condition_variable work;
+  std::condition_variable progress;
   std::thread worker;
 };
 
@@ -56,7 +76,7 @@ CopyEngine::~CopyEngine() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  for (auto& lane : lanes_) lane->work.notify_one();
   for (auto& lane : lanes_) lane->worker.join();
   for (auto& lane : lanes_) {
     try {
@@ -66,9 +86,11 @@ CopyEngine::~CopyEngine() {
   }
 }
 
-Stream& CopyEngine::stream(CopyKind kind) {
-  return *lanes_[kind == CopyKind::kDeviceToHost ? 0 : 1]->stream;
+CopyEngine::Lane& CopyEngine::lane_of(CopyKind kind) {
+  return *lanes_[kind == CopyKind::kDeviceToHost ? 0 : 1];
 }
+
+Stream& CopyEngine::stream(CopyKind kind) { return *lane_of(kind).stream; }
 
 TransferPtr CopyEngine::submit(CopyKind kind, void* dst, const void* src, std::size_t bytes,
                                int priority, std::vector<std::shared_ptr<Event>> after) {
@@ -79,15 +101,15 @@ TransferPtr CopyEngine::submit(CopyKind kind, void* dst, const void* src, std::s
   t->bytes_ = bytes;
   t->after_ = std::move(after);
   t->done_ = backend_.create_event();
-  Lane& lane = *lanes_[kind == CopyKind::kDeviceToHost ? 0 : 1];
+  Lane& its_lane = lane_of(kind);
   {
     std::lock_guard<std::mutex> lock(mu_);
     t->priority_ = priority;
     t->seq_ = next_seq_++;
-    lane.pending.push_back(t);
+    its_lane.pending.insert(t);
     stats_.transfers++;
   }
-  cv_.notify_all();
+  its_lane.work.notify_one();
   return t;
 }
 
@@ -108,14 +130,9 @@ void CopyEngine::dispatch(Lane& lane) {
     std::size_t offset = 0, length = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !lane.pending.empty(); });
+      lane.work.wait(lock, [&] { return stopping_ || !lane.pending.empty(); });
       if (lane.pending.empty()) break;  // stopping and drained
-      auto best = std::min_element(lane.pending.begin(), lane.pending.end(),
-                                   [](const TransferPtr& a, const TransferPtr& b) {
-                                     if (a->priority_ != b->priority_)
-                                       return a->priority_ > b->priority_;
-                                     return a->seq_ < b->seq_;
-                                   });
+      auto best = lane.pending.begin();
       t = *best;
       offset = t->next_offset_;
       length = std::min(options_.chunk_bytes, t->bytes_ - offset);
@@ -158,21 +175,21 @@ void CopyEngine::dispatch(Lane& lane) {
         error = std::current_exception();
       }
     }
+    bool enqueued = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       lane.busy--;
       if (error && !t->error_) t->error_ = error;
-      if (error || last) {
-        if (!t->enqueued_) {
-          std::erase(lane.pending, t);  // skip the rest of a failed transfer
-          t->enqueued_ = true;
-          lane.outstanding.push_back(t);
-        }
+      if ((error || last) && !t->enqueued_) {
+        if (error) lane.pending.erase(t);  // skip the rest of a failed transfer
+        t->enqueued_ = true;
+        lane.outstanding.push_back(t);
+        enqueued = true;
       }
       stats_.chunks++;
       (lane.kind == CopyKind::kDeviceToHost ? stats_.bytes_d2h : stats_.bytes_h2d) += length;
     }
-    cv_.notify_all();
+    if (enqueued) lane.progress.notify_all();
   }
 }
 
@@ -188,15 +205,19 @@ TransferError CopyEngine::failure(const Transfer& t, const std::exception_ptr& e
                                        std::to_string(t.bytes_) + " bytes failed: " + what);
 }
 
+void CopyEngine::await_enqueued(const TransferPtr& t) {
+  Lane& its_lane = lane_of(t->kind_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (t->enqueued_) return;
+  // Out of the set while its key changes; not there once all chunks are taken.
+  auto node = its_lane.pending.extract(t);
+  t->priority_ = INT_MAX;
+  if (node) its_lane.pending.insert(std::move(node));
+  its_lane.progress.wait(lock, [&] { return t->enqueued_; });
+}
+
 void CopyEngine::wait_enqueued(const TransferPtr& t) {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!t->enqueued_) {
-      t->priority_ = INT_MAX;
-      cv_.notify_all();
-      cv_.wait(lock, [&] { return t->enqueued_; });
-    }
-  }
+  await_enqueued(t);
   raise_if_failed(t);
 }
 
@@ -256,14 +277,7 @@ void CopyEngine::synchronize(const TransferPtr& t) {
 }
 
 void CopyEngine::finish(const TransferPtr& t) noexcept {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!t->enqueued_) {
-      t->priority_ = INT_MAX;
-      cv_.notify_all();
-      cv_.wait(lock, [&] { return t->enqueued_; });
-    }
-  }
+  await_enqueued(t);
   for (const auto& event : t->chunk_events_) {
     try {
       backend_.synchronize(*event);
@@ -308,15 +322,11 @@ void CopyEngine::check_failures(const Transfer* spare) {
 }
 
 void CopyEngine::drain() {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] {
-      return std::all_of(std::begin(lanes_), std::end(lanes_), [](const auto& lane) {
-        return lane->pending.empty() && lane->busy == 0;
-      });
-    });
-  }
   for (auto& lane : lanes_) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      lane->progress.wait(lock, [&] { return lane->pending.empty() && lane->busy == 0; });
+    }
     try {
       backend_.synchronize(*lane->stream);
     } catch (...) {

@@ -1,9 +1,13 @@
-// The copy engine: chunking, priorities, failures.
+// The copy engine: chunking, priorities, both directions at once, failures,
+// shutdown.
 
 #include "runtime/copy_engine.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "runtime/fake_test_util.h"
@@ -12,7 +16,42 @@
 namespace spillway::runtime {
 namespace {
 
+constexpr std::size_t kKiB = std::size_t{1} << 10;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// An event recorded behind a kernel that waits until open(): a transfer made
+// to wait for it cannot run before. Opens when destroyed, so a failed test
+// leaves no stream blocked.
+class Gate {
+ public:
+  explicit Gate(Backend& backend) : event_(backend.create_event()) {
+    FakeControls& fake = *backend.fake_controls();
+    StreamHandle compute = fake.create_compute_stream();
+    fake.launch(compute, [opened = promise_.get_future().share()] { opened.wait(); });
+    backend.record(*event_, *backend.wrap_stream(compute.native));
+  }
+  ~Gate() { open(); }
+  void open() {
+    if (!opened_) promise_.set_value();
+    opened_ = true;
+  }
+  const std::shared_ptr<Event>& event() const { return event_; }
+
+ private:
+  std::promise<void> promise_;
+  bool opened_ = false;
+  std::shared_ptr<Event> event_;
+};
+
+// Transfers of `bytes` each, covering `src`, to `dst`, in one direction.
+std::vector<TransferPtr> submit_all(CopyEngine& engine, CopyKind kind, std::vector<char>& dst,
+                                    const std::vector<char>& src, std::size_t bytes) {
+  std::vector<TransferPtr> transfers;
+  for (std::size_t at = 0; at + bytes <= src.size(); at += bytes) {
+    transfers.push_back(engine.submit(kind, dst.data() + at, src.data() + at, bytes, 0, {}));
+  }
+  return transfers;
+}
 
 TEST(CopyEngine, LargeTransferIsSplitIntoChunksAndArrivesExactly) {
   auto backend = make_fake_backend({});
@@ -45,6 +84,94 @@ TEST(CopyEngine, UrgentTransferOvertakesAHugeOneBetweenChunks) {
   EXPECT_EQ(small_dst, small_src);
   engine.synchronize(huge);
   EXPECT_EQ(huge_dst, huge_src);
+}
+
+TEST(CopyEngine, WaitedTransferGoesBeforeEarlierPendingOnes) {
+  // One chunk in flight: the dispatcher enqueues the gated transfer, takes
+  // the next one's chunk and blocks (invariant 2) while `first` and `waited`
+  // are pending.
+  std::vector<char> src(64 * kKiB, 'x'), dst(src.size());
+  std::vector<char> first_src(4096, 'f'), waited_src(4096, 'w'), shared_dst(4096);
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = 64 * kKiB,
+                                                .max_inflight_bytes = 64 * kKiB});
+  Gate gate(*backend);
+  engine.submit(CopyKind::kDeviceToHost, dst.data(), src.data(), src.size(), 0, {gate.event()});
+  engine.submit(CopyKind::kDeviceToHost, dst.data(), src.data(), src.size(), 0, {});
+  TransferPtr first = engine.submit(CopyKind::kDeviceToHost, shared_dst.data(), first_src.data(),
+                                    first_src.size(), 0, {});
+  TransferPtr waited = engine.submit(CopyKind::kDeviceToHost, shared_dst.data(),
+                                     waited_src.data(), waited_src.size(), 0, {});
+  std::thread waiter([&] { engine.wait_enqueued(waited); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the wait made it urgent
+  gate.open();
+  waiter.join();
+  engine.drain();
+  EXPECT_EQ(shared_dst, first_src) << "the waited transfer ran last, not before `first`";
+}
+
+TEST(CopyEngine, OneDirectionBlockedOnTheDeviceDoesNotHoldUpTheOther) {
+  std::vector<char> src(kMiB), dst(kMiB), h2d_src(4 * kMiB), h2d_dst(h2d_src.size());
+  testing::fill_pattern(src.data(), src.size(), 3);
+  testing::fill_pattern(h2d_src.data(), h2d_src.size(), 4);
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = 64 * kKiB,
+                                                .max_inflight_bytes = 128 * kKiB});
+  Gate gate(*backend);
+  // Its dispatcher enqueues two chunks behind the gate and blocks on the
+  // first (invariant 2).
+  TransferPtr blocked = engine.submit(CopyKind::kDeviceToHost, dst.data(), src.data(),
+                                      src.size(), 0, {gate.event()});
+  for (const TransferPtr& t :
+       submit_all(engine, CopyKind::kHostToDevice, h2d_dst, h2d_src, 64 * kKiB)) {
+    engine.synchronize(t);
+  }
+  EXPECT_EQ(h2d_dst, h2d_src);
+  EXPECT_FALSE(engine.poll(blocked));
+  gate.open();
+  engine.synchronize(blocked);
+  EXPECT_EQ(dst, src);
+}
+
+TEST(CopyEngine, DrainWaitsForEveryTransferInBothDirections) {
+  for (FakeControls::Role slow : {FakeControls::Role::kD2H, FakeControls::Role::kH2D}) {
+    std::vector<char> d2h_src(kMiB), d2h_dst(kMiB), h2d_src(kMiB), h2d_dst(kMiB);
+    testing::fill_pattern(d2h_src.data(), kMiB, 7);
+    testing::fill_pattern(h2d_src.data(), kMiB, 8);
+    auto backend = make_fake_backend({});
+    backend->fake_controls()->set_delay(slow, 100, 300, 5);
+    CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = 64 * kKiB,
+                                                  .max_inflight_bytes = 256 * kKiB});
+    auto d2h = submit_all(engine, CopyKind::kDeviceToHost, d2h_dst, d2h_src, 32 * kKiB);
+    auto h2d = submit_all(engine, CopyKind::kHostToDevice, h2d_dst, h2d_src, 32 * kKiB);
+    engine.drain();
+    for (const auto* batch : {&d2h, &h2d}) {
+      for (const TransferPtr& t : *batch) EXPECT_TRUE(engine.poll(t));
+    }
+    EXPECT_EQ(d2h_dst, d2h_src);
+    EXPECT_EQ(h2d_dst, h2d_src);
+  }
+}
+
+TEST(CopyEngine, DestroyingTheEngineFinishesTheWorkStillPending) {
+  std::vector<char> d2h_src(kMiB), d2h_dst(kMiB), h2d_src(kMiB), h2d_dst(kMiB);
+  testing::fill_pattern(d2h_src.data(), kMiB, 11);
+  testing::fill_pattern(h2d_src.data(), kMiB, 12);
+  auto backend = make_fake_backend({});
+  backend->fake_controls()->set_delay(FakeControls::Role::kD2H, 50, 300, 9);
+  backend->fake_controls()->set_delay(FakeControls::Role::kH2D, 50, 300, 10);
+  std::vector<TransferPtr> kept;
+  {
+    CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = 64 * kKiB,
+                                                  .max_inflight_bytes = 128 * kKiB});
+    kept = submit_all(engine, CopyKind::kDeviceToHost, d2h_dst, d2h_src, 32 * kKiB);
+    for (TransferPtr& t : submit_all(engine, CopyKind::kHostToDevice, h2d_dst, h2d_src, 32 * kKiB)) {
+      kept.push_back(std::move(t));
+    }
+  }
+  EXPECT_EQ(d2h_dst, d2h_src);
+  EXPECT_EQ(h2d_dst, h2d_src);
+  for (const TransferPtr& t : kept) EXPECT_TRUE(backend->query(*t->done()));
 }
 
 TEST(CopyEngine, TransferStartsOnlyAfterItsAfterEvents) {
