@@ -321,34 +321,40 @@ void CopyEngine::check_failures(const Transfer* spare) {
   }
 }
 
+void CopyEngine::forget_completed(Lane& lane) {
+  // Index walk, as in check_failures(): a failure not yet reported stays.
+  for (std::size_t i = 0;;) {
+    TransferPtr t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (i >= lane.outstanding.size()) break;
+      t = lane.outstanding[i];
+    }
+    bool complete = probe(t);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!complete) break;  // later transfers on this lane run after it
+    if (t->error_ && !t->reported_) {
+      ++i;
+      continue;
+    }
+    auto it = std::find(lane.outstanding.begin(), lane.outstanding.end(), t);
+    if (it != lane.outstanding.end()) lane.outstanding.erase(it);
+  }
+}
+
 void CopyEngine::drain() {
   for (auto& lane : lanes_) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      lane->progress.wait(lock, [&] { return lane->pending.empty() && lane->busy == 0; });
-    }
+    std::unique_lock<std::mutex> lock(mu_);
+    lane->progress.wait(lock, [&] { return lane->pending.empty() && lane->busy == 0; });
+  }
+  // What already ran is forgotten while the streams finish the rest.
+  for (auto& lane : lanes_) forget_completed(*lane);
+  for (auto& lane : lanes_) {
     try {
       backend_.synchronize(*lane->stream);
     } catch (...) {
     }
-    // Forget transfers that completed cleanly; failed ones wait for
-    // check_failures().
-    std::vector<TransferPtr> outstanding;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      outstanding.assign(lane->outstanding.begin(), lane->outstanding.end());
-    }
-    std::vector<TransferPtr> keep;
-    for (auto& t : outstanding) {
-      bool complete = probe(t);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!complete || (t->error_ && !t->reported_)) keep.push_back(t);
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    std::erase_if(lane->outstanding, [&](const TransferPtr& t) {
-      return std::find(outstanding.begin(), outstanding.end(), t) != outstanding.end() &&
-             std::find(keep.begin(), keep.end(), t) == keep.end();
-    });
+    forget_completed(*lane);
   }
 }
 

@@ -30,7 +30,8 @@
 // its pending transfers ordered by urgency (the next chunk is taken in
 // O(log pending)); each lane has its own condition variables (a submit wakes
 // only its lane's dispatcher, an enqueued transfer only the waiters on its
-// lane); and mu_ is never held across a backend call.
+// lane); drain() forgets the transfers that already ran while the streams
+// finish the rest; and mu_ is never held across a backend call.
 //
 // Thread-safety: all methods may be called from any thread.
 
@@ -139,6 +140,10 @@ class CopyEngine {
   bool probe(const TransferPtr& t);
   // Throws t's failure, marking it reported, if it has one.
   void raise_if_failed(const TransferPtr& t);
+  // Drops the transfers at the front of `lane`'s outstanding list that
+  // completed cleanly, up to the first not complete; failed ones stay for
+  // check_failures(). Does not block.
+  void forget_completed(Lane& lane);
 
   Backend& backend_;
   const CopyEngineOptions options_;
