@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "runtime/event_pool.h"
 #include "spillway/error.h"
 
 namespace spillway::runtime {
@@ -48,7 +49,7 @@ struct CopyEngine::Lane {
 };
 
 CopyEngine::CopyEngine(Backend& backend, const CopyEngineOptions& options)
-    : backend_(backend), options_(options) {
+    : backend_(backend), options_(options), events_(EventPool::create(backend)) {
   if (options.chunk_bytes == 0) {
     throw InvalidArgument(kEngineComponent, "chunk_bytes must be > 0");
   }
@@ -100,7 +101,7 @@ TransferPtr CopyEngine::submit(CopyKind kind, void* dst, const void* src, std::s
   t->src_ = static_cast<const char*>(src);
   t->bytes_ = bytes;
   t->after_ = std::move(after);
-  t->done_ = backend_.create_event();
+  t->done_ = events_->take();
   Lane& its_lane = lane_of(kind);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -164,7 +165,7 @@ void CopyEngine::dispatch(Lane& lane) {
         if (length > 0) {
           backend_.copy(t->dst_ + offset, t->src_ + offset, length, lane.kind, *lane.stream);
         }
-        std::shared_ptr<Event> event = last ? t->done_ : backend_.create_event();
+        std::shared_ptr<Event> event = last ? t->done_ : events_->take();
         backend_.record(*event, *lane.stream);
         t->chunk_events_.push_back(event);
         if (length > 0) {

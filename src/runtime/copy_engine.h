@@ -12,7 +12,8 @@
 //      before enqueuing more. This bounds how long an urgent transfer waits.
 //   3. Before a transfer's first chunk, its stream waits for each `after`
 //      event; after its last chunk, `done` is recorded, and `enqueued` is set.
-//      `done` is recorded once and never re-recorded, so anyone may wait on it.
+//      `done` is recorded once and never re-recorded while anyone holds it
+//      (Note [Event reuse]), so anyone may wait on it.
 //   4. A failure to enqueue marks the transfer failed; its remaining chunks
 //      are skipped and every later wait on it throws TransferError.
 //   5. Each transfer keeps the events recorded after each of its chunks, so a
@@ -30,8 +31,9 @@
 // its pending transfers ordered by urgency (the next chunk is taken in
 // O(log pending)); each lane has its own condition variables (a submit wakes
 // only its lane's dispatcher, an enqueued transfer only the waiters on its
-// lane); drain() forgets the transfers that already ran while the streams
-// finish the rest; and mu_ is never held across a backend call.
+// lane); events are recycled (Note [Event reuse] in event_pool.h); drain()
+// forgets the transfers that already ran while the streams finish the rest;
+// and mu_ is never held across a backend call.
 //
 // Thread-safety: all methods may be called from any thread.
 
@@ -49,6 +51,7 @@
 namespace spillway::runtime {
 
 class CopyEngine;
+class EventPool;
 
 // One requested copy. Created by CopyEngine::submit; shared by its users.
 class Transfer {
@@ -148,6 +151,7 @@ class CopyEngine {
   Backend& backend_;
   const CopyEngineOptions options_;
 
+  const std::shared_ptr<EventPool> events_;
   mutable std::mutex mu_;
   bool stopping_ GUARDED_BY(mu_) = false;
   std::uint64_t next_seq_ GUARDED_BY(mu_) = 0;

@@ -171,6 +171,7 @@ TEST(CopyEngine, DestroyingTheEngineFinishesTheWorkStillPending) {
   }
   EXPECT_EQ(d2h_dst, d2h_src);
   EXPECT_EQ(h2d_dst, h2d_src);
+  // Their events outlive the engine, and their holders destroy them.
   for (const TransferPtr& t : kept) EXPECT_TRUE(backend->query(*t->done()));
 }
 
