@@ -332,6 +332,10 @@ def run_one(method: str, args) -> dict:
                                                     result["issue_ms"])
     if len(times) >= 3:
         result["third_step_ms"] = times[first - 1] if len(times) >= first else times[2]
+    # The host updates' speed over the same steps (their list starts at the third step).
+    ran = [g for g in ([None, None] + result.get("host_adamw_gbs_in_step", []))[steady] if g]
+    if ran:
+        result["host_adamw_gbs_ran"] = statistics.median(ran)
     return result
 
 
@@ -490,12 +494,10 @@ def _report(results, args, quiet: bool = False) -> None:
                          f"{f['host_blocked_ms']:.0f} blocked; the replay's own "
                          f"{f['replay_op_us']:.1f} us an op, {f['replay_copy_us']:.0f} a copy)")
         if r.get("host_updates"):
-            # Over the steps of the median (the list starts at the third step).
-            in_step = [g for g in r.get("host_adamw_gbs_in_step", [])[2:] if g]
             forecast += (f" (AdamW on the host: {r['host_updates']} ops, planned at "
                          f"{r['host_adamw_gbs']:.0f} GB/s" +
-                         (f", ran at {statistics.median(in_step):.0f}" if in_step else "")
-                         + ")")
+                         (f", ran at {r['host_adamw_gbs_ran']:.0f}"
+                          if "host_adamw_gbs_ran" in r else "") + ")")
         elif r.get("host_adamw_gbs"):
             forecast += f" (AdamW on the device; the host measured {r['host_adamw_gbs']:.0f} GB/s)"
         rss_ratio = (f"{(r['rss_bytes'] - base_rss) / f['host_bytes']:.3f}"
