@@ -717,14 +717,34 @@ def _check_scope_in_model(model: torch.nn.Module, module_names: dict, scope: str
 def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool = True,
             allow_recompute: bool = True, device_profile: str | None = None,
             scope: str | None = None, host_budget_bytes: int = 0,
-            min_bytes: int = 1 << 20, prefetch: int = 1, prefetch_anchor: str = "end",
+            min_bytes: int = 1 << 20, prefetch: int | None = None, prefetch_anchor: str = "end",
             release_lag: int = 1, grads_kept: bool = False,
             offload_materialised: bool = False, recompute_far_apart: bool | None = None,
             offload_tuple_outputs: bool = False,
             dense_storages: bool = False, replay_pointwise: bool = True,
             backend: str = "inductor",
-            dynamic: bool | None = None, **torch_compile_kwargs: Any) -> Any:
-    """torch.compile(model_or_fn) with activation offload planned into every joint graph.
+            dynamic: bool | None = None, weights: str | None = None, gpu_budget: Any = None,
+            blocks: str | None = None, granularity: str = "block", device: Any = None,
+            **torch_compile_kwargs: Any) -> Any:
+    """torch.compile(model_or_fn) with activation offload planned into every joint graph,
+    or (weights="offload") with the model's block weights on the host.
+
+    weights="offload": the compiled piecewise executor (Note [Piecewise executor] in
+    python/spillway/weights/compiled.py), for inference. Each block's weights (an entry
+    of the model's largest nn.ModuleList, or of `blocks`; with granularity="children"
+    each direct child of a block) live in a pinned host slab; every graph Dynamo
+    captures is cut into pieces at group boundaries, each piece compiled by `backend`
+    (any torch.compile backend name, "inductor" by default, or "eager") and run by the
+    executor, which streams the weights through prefetch + 1 device buffers (prefetch
+    None: the scheduler's choice, or 1 without a budget). gpu_budget: the weights on the
+    device at most, bytes or a fraction of the model's weights, as
+    spillway.offload_weights takes it: the resident-set scheduler keeps the groups it
+    chooses on the device, planned from sizes, then again from the second call's
+    profile. device_profile: the scheduler's device profile; device: where the model
+    runs (None: the current CUDA device; "cpu": the fake copy backend, for tests). The
+    returned module's `spillway_weights` is the handle (forecast(), stats(),
+    mutate_weights(), state_dict(), detach()). Not combined with activation offload
+    (memory_budget, scope) yet; a call with autograd recording is refused.
 
     memory_budget: the peak device memory the step may use: bytes (int), a
     string ("12GiB", "800MiB"), or a fraction of the no-offload peak (0.6,
@@ -777,7 +797,7 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     default "self_attn" without memory_budget, every block with it.
     host_budget_bytes: host bytes the plan may fill per graph; 0 = unlimited.
     min_bytes: smallest activation worth a transfer. prefetch: how many scope
-    regions early each reload starts. prefetch_anchor: where a prefetched
+    regions early each reload starts (None: 1). prefetch_anchor: where a prefetched
     reload is issued: "end" (default) right after the last node of the scope
     region `prefetch` regions earlier, so it overlaps the out-of-scope backward
     that follows that region (the attention backward between two MLP regions)
@@ -815,6 +835,17 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     Thread-safety: as torch.compile.
     """
     global _latest
+    if weights is not None:
+        return _compile_weights(model_or_fn, weights, memory_budget, scope, gpu_budget, blocks,
+                                prefetch, granularity, device, device_profile, backend,
+                                dynamic, torch_compile_kwargs)
+    for name, value in (("gpu_budget", gpu_budget), ("blocks", blocks), ("device", device)):
+        if value is not None:
+            raise ValueError(f"[compiled] {name} applies with weights='offload' only")
+    if granularity != "block":
+        raise ValueError("[compiled] granularity applies with weights='offload' only")
+    if prefetch is None:
+        prefetch = 1
     budget = None
     if memory_budget is not None:
         budget = _budget_session(memory_budget, allow_offload, allow_recompute, device_profile,
@@ -862,3 +893,18 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
                          "'aot_eager'")
     _latest = session
     return torch.compile(model_or_fn, backend=compiler, dynamic=dynamic, **torch_compile_kwargs)
+
+
+def _compile_weights(model, weights, memory_budget, scope, gpu_budget, blocks, prefetch,
+                     granularity, device, device_profile, backend, dynamic, kwargs):
+    """compile(weights="offload"): the piecewise executor of spillway.weights.compiled."""
+    if weights != "offload":
+        raise ValueError(f"[compiled] weights must be 'offload' or None, got {weights!r}")
+    if memory_budget is not None or scope is not None:
+        raise ValueError("[compiled] weights='offload' does not combine with activation "
+                         "offload (memory_budget, scope) yet: compile with one of them")
+    from spillway.weights.compiled import compile_offloaded
+    return compile_offloaded(model, gpu_budget=gpu_budget, blocks=blocks, prefetch=prefetch,
+                             granularity=granularity, device=device,
+                             device_profile=device_profile, backend=backend, dynamic=dynamic,
+                             **kwargs)

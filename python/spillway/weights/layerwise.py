@@ -100,6 +100,17 @@ def _placeholder(dtype: torch.dtype, ndim: int, device: torch.device) -> torch.T
     return torch.empty((0,) * max(ndim, 1), dtype=dtype, device=device)
 
 
+def _shaped_placeholder(slot: "_Slot", device: torch.device) -> torch.Tensor:
+    """A tensor of the parameter's dtype and shape that holds one element, expanded (all
+    strides 0): NaN for a floating dtype, else 0. What torch.compile traces in place of an
+    offloaded weight (Note [Piecewise executor] in compiled.py): it has the weight's
+    shape, reading it is safe (a copy, print or deepcopy of the model works), and a model
+    run on it gives NaN, never a plausible value; the executor hands its pieces the
+    weight's device copy instead, and the blocks refuse a call outside it."""
+    fill = float("nan") if slot.dtype.is_floating_point or slot.dtype.is_complex else 0
+    return torch.full((), fill, dtype=slot.dtype, device=device).expand(slot.shape)
+
+
 def _owner(block: nn.Module, name: str) -> tuple[nn.Module, str]:
     path, _, attr = name.rpartition(".")
     return (block.get_submodule(path) if path else block), attr
@@ -109,12 +120,14 @@ class _Block:
     """One block's host slab and layout; its device buffer while it runs."""
 
     def __init__(self, index: int, path: str, module: nn.Module, slots: list[_Slot],
-                 host: torch.Tensor, device: torch.device):
+                 host: torch.Tensor, device: torch.device, shaped: bool = False):
         self.index, self.path, self.module = index, path, module
         self.slots, self.host = slots, host
         self.params: list[nn.Parameter] = [self.parameter(s.name) for s in slots]
-        # What each parameter holds while the block is not running.
-        self.placeholders = [_placeholder(s.dtype, len(s.shape), device) for s in slots]
+        # What each parameter holds while the block is not running (shaped: for the
+        # compiled executor, whose traced graphs need the weights' shapes).
+        self.placeholders = [_shaped_placeholder(s, device) if shaped
+                             else _placeholder(s.dtype, len(s.shape), device) for s in slots]
 
     @property
     def nbytes(self) -> int:
@@ -143,8 +156,12 @@ class LayerwiseWeights:
 
     def __init__(self, model: nn.Module, blocks, prefetch: int | None, device: torch.device,
                  budget: tuple[str, float] | None = None, device_profile=None,
-                 granularity: str = "block"):
+                 granularity: str = "block", compiled: bool = False):
         self.model, self.device, self.granularity = model, device, granularity
+        # compiled: driven by the piecewise executor (compiled.py), which hands each piece
+        # its weights' device copies: the parameters keep their shaped placeholders and no
+        # hook is installed.
+        self._compiled = compiled
         self.prefetch = 1 if prefetch is None else prefetch
         self._slots = self.prefetch + 1  # streamed buffers allocated at once
         self._list_path, modules = _find_blocks(model, blocks)
@@ -239,7 +256,8 @@ class LayerwiseWeights:
                 offset += nbytes
             if not slots:
                 made.append(_Block(index, path, module, [],
-                                   torch.empty(0, dtype=torch.uint8), self.device))
+                                   torch.empty(0, dtype=torch.uint8), self.device,
+                                   self._compiled))
                 continue
             try:
                 staging = torch.empty(offset, dtype=torch.uint8, device=self.device)
@@ -256,7 +274,7 @@ class LayerwiseWeights:
                     f"({offset / 2**20:.1f} MiB): no memory "
                     f"for its host slab or its staging copy ({e}); the model is unchanged") \
                     from None
-            made.append(_Block(index, path, module, slots, host, self.device))
+            made.append(_Block(index, path, module, slots, host, self.device, self._compiled))
         ops.synchronize()  # the slabs are complete before the parameters let go
         self._blocks = made
         for block in made:
@@ -280,6 +298,10 @@ class LayerwiseWeights:
     # ---- hooks ------------------------------------------------------------------
 
     def _install_hooks(self) -> None:
+        if self._compiled:
+            for module, path in zip(self._modules, self.blocks):
+                self._hooks.append(module.register_forward_pre_hook(self._outside(path)))
+            return
         self._hooks.append(self.model.register_forward_pre_hook(self._on_model_start))
         self._hooks.append(self.model.register_forward_hook(self._on_model_end,
                                                             always_call=True))
@@ -293,6 +315,14 @@ class LayerwiseWeights:
 
     @torch.compiler.disable
     def _on_model_start(self, module, args):
+        self._call_starts()
+
+    @torch.compiler.disable
+    def _on_model_end(self, module, args, output):
+        self._call_ends()
+
+    def _call_starts(self) -> None:
+        """A call of the model begins (the model's pre-hook, or the compiled executor)."""
         if self._depth == 0:
             self._observed = []
             if self._planner is not None:
@@ -301,8 +331,7 @@ class LayerwiseWeights:
                 self._backward.call_starts()
         self._depth += 1
 
-    @torch.compiler.disable
-    def _on_model_end(self, module, args, output):
+    def _call_ends(self) -> None:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             self._backward.call_ends()
@@ -316,6 +345,23 @@ class LayerwiseWeights:
                 plan = self._planner.call_ends()
                 if plan is not None:
                     self._apply(plan, prime=True)
+
+    def _outside(self, path: str):
+        """Compiled: a block run by anything but the executor's pieces (the model called
+        without its compiled wrapper) would compute on placeholders. Dynamo traces the
+        hook as nothing (is_compiling() is constant there)."""
+        def hook(module, args):
+            if torch.compiler.is_compiling() or self._mutating or self._detached:
+                return
+            raise RuntimeError(
+                f"[weights] {path} was called outside the compiled model: its weights are "
+                f"on the host for spillway.compile(weights='offload'), and its parameters "
+                f"hold placeholders. Call the module spillway.compile returned, or put the "
+                f"weights on the device with its spillway_weights.mutate_weights() or "
+                f"detach(). If you did call it, torch.compile ran the block eagerly: a "
+                f"graph break inside the block, or Dynamo's recompile limit "
+                f"(torch._dynamo.config.cache_size_limit) reached")
+        return hook
 
     def _pre_hook(self, index: int):
         @torch.compiler.disable
@@ -368,8 +414,7 @@ class LayerwiseWeights:
         if not waited:
             buffer = ops.wait_tensor(buffer, keepalive=block.host)
         self._live[index] = buffer
-        for p, view in zip(block.params, block.views(buffer)):
-            p.data = view
+        self._bind(block, block.views(buffer))
         if self._backward.recording:
             self._backward.brought(index, buffer)
         if profiling:
@@ -383,11 +428,27 @@ class LayerwiseWeights:
         if buffer is None:
             return
         block = self._blocks[index]
-        for p, placeholder in zip(block.params, block.placeholders):
-            p.data = placeholder
+        self._bind(block, block.placeholders)
         self._backward.released(buffer)
         del buffer  # back to the caching allocator, in the compute stream's order
         self._fill(index)
+
+    def _bind(self, block: _Block, tensors: list[torch.Tensor]) -> None:
+        """The block's parameters hold `tensors` (its weights' device views, or its
+        placeholders). Not for the compiled executor, which passes the views to its pieces
+        and leaves the parameters as they are."""
+        if not self._compiled:
+            for p, t in zip(block.params, tensors):
+                p.data = t
+
+    def _where_of_params(self) -> dict[int, tuple[int, int]]:
+        """id(parameter) -> (its group, its slot), for every offloaded parameter."""
+        return {id(p): (b.index, k) for b in self._blocks for k, p in enumerate(b.params)}
+
+    def _device_copy(self, index: int) -> torch.Tensor | None:
+        """The group's device buffer while it runs, or for good when resident."""
+        buffer = self._live.get(index)
+        return self._resident.get(index) if buffer is None else buffer
 
     def _streamed(self, index: int) -> bool:
         return bool(self._blocks[index].slots) and index not in self._resident
@@ -443,12 +504,10 @@ class LayerwiseWeights:
                 buffer = ops.wait_tensor(ops.reload(block.host, self.device), keepalive=block.host)
                 self._stats["reloads"] += 1
                 self._resident[block.index] = buffer
-                for p, view in zip(block.params, block.views(buffer)):
-                    p.data = view
+                self._bind(block, block.views(buffer))
             elif not keep and block.index in self._resident:
                 del self._resident[block.index]
-                for p, placeholder in zip(block.params, block.placeholders):
-                    p.data = placeholder
+                self._bind(block, block.placeholders)
         self._slots = int(plan["slots"])
         order = self._order or [b.index for b in self._blocks]
         self._follow(order)
@@ -794,6 +853,15 @@ def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int |
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"[weights] model must be an nn.Module, got {type(model).__name__}")
+    return _attach(model, blocks, prefetch, gpu_budget, device, device_profile, granularity,
+                   compiled=False)
+
+
+def _attach(model: nn.Module, blocks, prefetch, gpu_budget, device, device_profile,
+            granularity: str, compiled: bool) -> LayerwiseWeights:
+    """The handle of offload_weights() (compiled=False) or of the compiled executor
+    (compiled=True, Note [Piecewise executor] in compiled.py), after checking the
+    arguments they share."""
     if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int)
                                  or prefetch < 0):
         raise ValueError(f"[weights] prefetch must be an int >= 0 (blocks copied ahead) or "
@@ -814,7 +882,7 @@ def offload_weights(model: nn.Module, blocks: str | None = None, prefetch: int |
         raise ValueError(f"[weights] the model's weights are offloaded already ({attached()!r}); "
                          f"detach() that handle first")
     handle = LayerwiseWeights(model, blocks, prefetch, target, budget, device_profile,
-                              granularity)
+                              granularity, compiled)
     _HANDLES[model] = weakref.ref(handle)
     return handle
 

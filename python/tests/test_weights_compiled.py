@@ -1,0 +1,251 @@
+"""spillway.compile(model, weights="offload"): the compiled piecewise executor (Note
+[Piecewise executor] in python/spillway/weights/compiled.py).
+
+On CPU, device='cpu' drives the runtime's fake copy backend. Outputs are compared with
+torch.equal against the same model compiled the same way with every weight resident
+(gpu_budget=1.0: the same pieces, nothing streamed), and, in fp32, against the eager
+resident model; over many calls, with blocks skipped and reordered, after
+mutate_weights() and detach(). The CUDA tests skip without a GPU and run in
+scripts/device-check.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import spillway
+from spillway import ops
+from _models import deterministic_cuda, fresh_dynamo, tiny_llama  # noqa: F401
+from test_weights import _dit, _dit_inputs
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def _executors(compiled) -> int:
+    return compiled.spillway_weights.stats().get("graphs", 0)
+
+
+def test_llama_outputs_equal_the_resident_model_and_no_piece_recompiles():
+    model, ids = tiny_llama(3, layers=4, hidden=128)
+    model.eval()
+    resident = copy.deepcopy(model)
+    names = [n for n, _ in model.named_parameters()]
+    compiled = spillway.compile(model, weights="offload", device="cpu", backend="eager")
+    handle = compiled.spillway_weights
+    assert handle.blocks == [f"model.layers.{i}" for i in range(4)]
+    # Every offloaded parameter keeps its name, dtype and shape (what Dynamo traces).
+    for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+        assert p.shape == q.shape and p.dtype == q.dtype, name
+        if name.startswith("model.layers."):
+            assert p.untyped_storage().nbytes() == p.element_size(), name  # one element
+    assert [n for n, _ in model.named_parameters()] == names
+    with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+        for k in range(6):
+            batch = ids.roll(k, dims=1)
+            assert torch.equal(compiled(batch, use_cache=False).logits,
+                               resident(batch, use_cache=False).logits), k
+    s = handle.stats()
+    assert s["graphs"] == 1 and s["calls"] == 6 and s["order"] == [0, 1, 2, 3]
+    # The embedding piece, one per block, the head: each compiled once in six calls.
+    assert s["piece_compiles"] == 6
+    # One copy per block per call and the ring's handover; only the first block of the
+    # first call loads on demand.
+    assert s["reloads"] == 6 * 4 + 2 and s["on_demand"] == 1 and s["in_flight"] == [0, 1]
+
+
+def test_inductor_pieces_equal_the_same_pieces_resident_under_a_budget():
+    """Inductor compiles the pieces; children groups; a budget that keeps some groups:
+    bit-equal to the same compile with every weight resident; the second call is
+    profiled and the plan made again from it; identical blocks share compiled code."""
+    model, ids = tiny_llama(4, layers=3, hidden=64)
+    model.eval()
+    full_model = copy.deepcopy(model)
+    compiled = spillway.compile(model, weights="offload", device="cpu", gpu_budget=0.6,
+                                granularity="children")
+    full = spillway.compile(full_model, weights="offload", device="cpu", gpu_budget=1.0,
+                            granularity="children")
+    with torch.inference_mode():
+        for k in range(4):
+            batch = ids.roll(k, dims=1)
+            assert torch.equal(compiled(batch, use_cache=False).logits,
+                               full(batch, use_cache=False).logits), k
+    forecast = compiled.spillway_weights.forecast()
+    assert forecast["profiled"] and 0 < len(forecast["resident"]) < 12, forecast
+    assert full.spillway_weights.stats()["resident"] == list(range(12))
+    assert full.spillway_weights.stats()["reloads"] == 12  # once, to stay
+    s = compiled.spillway_weights.stats()
+    assert s["order"] == [2, 0, 3, 1, 6, 4, 7, 5, 10, 8, 11, 9]  # norm, attention, norm, MLP
+    assert s["on_demand"] <= 2
+
+
+def test_dit_blocks_skipped_and_reordered_stay_exact():
+    """Bit-equal to the same compile with every weight resident. Against plain
+    torch.compile only close: on the CPU, F.multi_head_attention_forward's result depends
+    on where its packed projection weight lies (a parameter of its own or a view into a
+    slab: 1.2e-7 here, with the pieces run eagerly), so no weight offload that keeps
+    slabs can be bit-equal there."""
+    model = _dit(1, depth=4)
+    plain = torch.compile(copy.deepcopy(model), backend="eager")
+    resident = spillway.compile(copy.deepcopy(model), weights="offload", device="cpu",
+                                backend="eager", gpu_budget=1.0)
+    compiled = spillway.compile(model, weights="offload", device="cpu", backend="eager")
+    orders = [None, [0, 2], [3, 1, 0, 2], None, [1, 1, 3]]
+    # Three models of one class, four orders each: more graphs of one code object than
+    # Dynamo's default limit, beyond which it would run the model eagerly.
+    with torch.no_grad(), torch._dynamo.config.patch(cache_size_limit=64):
+        for k in range(10):
+            x, t = _dit_inputs(k)
+            order = orders[k % len(orders)]
+            got = compiled(x, t, order)
+            assert torch.equal(got, resident(x, t, order)), k
+            assert torch.allclose(got, plain(x, t, order), rtol=0, atol=1e-5), k
+    # Dynamo specialises on the order: one graph each, no more.
+    assert _executors(compiled) <= len(orders)
+    assert compiled.spillway_weights.stats()["calls"] == 10
+
+
+def test_mutate_weights_and_detach_keep_the_compiled_model_exact():
+    model, ids = tiny_llama(5, layers=3, hidden=64)
+    model.eval()
+    resident = copy.deepcopy(model)
+    compiled = spillway.compile(model, weights="offload", device="cpu", backend="eager")
+    handle = compiled.spillway_weights
+    with torch.inference_mode():
+        assert torch.equal(compiled(ids, use_cache=False).logits,
+                           resident(ids, use_cache=False).logits)
+    with handle.mutate_weights(), torch.no_grad():
+        for m in (model, resident):
+            m.model.layers[1].mlp.up_proj.weight.mul_(0.5)
+        # The weights are on the device: the model runs, compiled or not.
+        assert torch.equal(model(ids, use_cache=False).logits,
+                           resident(ids, use_cache=False).logits)
+    with torch.inference_mode():
+        for k in range(3):
+            batch = ids.roll(k, 1)
+            assert torch.equal(compiled(batch, use_cache=False).logits,
+                               resident(batch, use_cache=False).logits), k
+    state = handle.state_dict()
+    for name, value in resident.state_dict().items():
+        assert torch.equal(state[name], value), name
+    handle.detach()
+    for (name, p), (_, q) in zip(model.named_parameters(), resident.named_parameters()):
+        assert torch.equal(p, q), name
+    with torch.inference_mode():
+        assert torch.equal(compiled(ids, use_cache=False).logits,
+                           resident(ids, use_cache=False).logits)
+        assert torch.equal(model(ids, use_cache=False).logits,
+                           resident(ids, use_cache=False).logits)
+
+
+def test_misuse_is_refused_with_the_values_kept():
+    model, ids = tiny_llama(6, layers=2, hidden=64)
+    model.eval()
+    resident = copy.deepcopy(model)
+    compiled = spillway.compile(model, weights="offload", device="cpu", backend="eager")
+    # The model called without its compiled wrapper would compute on placeholders.
+    with torch.inference_mode(), pytest.raises(
+            RuntimeError, match=r"^\[weights\] model\.layers\.0 was called outside the "
+                                r"compiled model"):
+        model(ids, use_cache=False)
+    # Autograd through offloaded weights: inference only.
+    with pytest.raises(RuntimeError, match=r"^\[weights\] compiled weight offload runs "
+                                           r"inference only"):
+        compiled(ids, use_cache=False)
+    # A copy of the model reads the placeholders safely (NaN, never a plausible value).
+    clone = copy.deepcopy(model)
+    assert torch.isnan(clone.model.layers[0].mlp.up_proj.weight).all()
+    with torch.inference_mode():
+        assert torch.equal(compiled(ids, use_cache=False).logits,
+                           resident(ids, use_cache=False).logits)
+    # The same model offloaded twice.
+    with pytest.raises(ValueError, match=r"offloaded already"):
+        spillway.compile(model, weights="offload", device="cpu")
+    with pytest.raises(ValueError, match=r"offloaded already"):
+        spillway.offload_weights(model, device="cpu")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(weights="host"), r"weights must be 'offload' or None, got 'host'"),
+    (dict(weights="offload", memory_budget="1GiB"), r"does not combine with activation"),
+    (dict(weights="offload", scope="mlp"), r"does not combine with activation"),
+    (dict(gpu_budget=0.5), r"gpu_budget applies with weights='offload' only"),
+    (dict(granularity="children"), r"granularity applies with weights='offload' only"),
+    (dict(weights="offload", gpu_budget=-1), r"gpu_budget"),
+    (dict(weights="offload", prefetch=-1), r"prefetch must be an int >= 0"),
+    (dict(weights="offload", blocks="model.nothing"), r"no submodule of that path"),
+])
+def test_bad_arguments_are_named_and_change_nothing(kwargs, match):
+    model, ids = tiny_llama(7, layers=2, hidden=64)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    if kwargs.get("weights"):
+        kwargs.setdefault("device", "cpu")
+    with pytest.raises(ValueError, match=match):
+        spillway.compile(model, **kwargs)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+
+
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and ops.cuda_built()),
+                                reason="needs a CUDA device and a spillway._C with CUDA kernels")
+
+
+@needs_cuda
+def test_cuda_compiled_offload_is_exact_and_holds_few_blocks():
+    """bf16 Llama built on the CPU, compiled with Inductor and every block streamed:
+    bit-equal to the same compile with every weight resident; the GPU holds the blocks
+    in flight only; against plain torch.compile of the whole graph the difference is
+    reported (pieces fuse less), and fp32 is bit-equal to it."""
+    with deterministic_cuda():
+        model, ids = tiny_llama(11, layers=8, hidden=1024, intermediate=2816, heads=8,
+                                kv_heads=4, vocab=1024, batch=2, seq=256, dtype=torch.bfloat16)
+        model.eval()
+        full_model = copy.deepcopy(model)
+        ids = ids.cuda()
+        full = spillway.compile(full_model, weights="offload", gpu_budget=1.0)
+        with torch.inference_mode():
+            want = [full(ids.roll(k, 1), use_cache=False).logits for k in range(4)]
+        full.spillway_weights.detach()
+        del full, full_model
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        compiled = spillway.compile(model, weights="offload")
+        handle = compiled.spillway_weights
+        block = handle.stats()["bytes_host"] / 8
+        rest = torch.cuda.memory_allocated() - base
+        with torch.inference_mode():
+            compiled(ids, use_cache=False)  # compiles
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            for k in range(4):
+                assert torch.equal(compiled(ids.roll(k, 1), use_cache=False).logits, want[k]), k
+        peak = torch.cuda.max_memory_allocated() - base - rest
+        assert peak < 4 * block + 64 * 2**20, (peak, block)
+        s = handle.stats()
+        assert s["graphs"] == 1 and s["on_demand"] == 1, s
+        handle.detach()
+
+
+@needs_cuda
+def test_cuda_compiled_fp32_is_close_to_plain_torch_compile():
+    """Pieces fuse less than the whole graph (Note [Piecewise executor]): in fp32 the
+    logits stay within 1e-5 of plain torch.compile's; the largest difference is printed
+    for the record."""
+    with deterministic_cuda():
+        model, ids = tiny_llama(12, layers=4, hidden=256, heads=4, kv_heads=2, vocab=512,
+                                batch=2, seq=128)
+        model.eval()
+        plain = torch.compile(copy.deepcopy(model).cuda())
+        ids = ids.cuda()
+        compiled = spillway.compile(model, weights="offload")
+        with torch.inference_mode():
+            for k in range(3):
+                batch = ids.roll(k, 1)
+                got = compiled(batch, use_cache=False).logits
+                want = plain(batch, use_cache=False).logits
+                print(f"fp32 compiled offload vs plain torch.compile, call {k}: "
+                      f"max |difference| {(got - want).abs().max().item():.3g}")
+                assert torch.allclose(got, want, rtol=0, atol=1e-5), k
+        compiled.spillway_weights.detach()
