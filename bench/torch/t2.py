@@ -22,6 +22,12 @@ so its memory and host RSS are its own):
     diffusers-block          the same with offload_type="block_level",
                              num_blocks_per_group=1, on the decoder (model.model; the
                              LM head resident)
+    resident-compiled        every weight on the GPU, torch.compile(model) (Inductor)
+    spillway-compiled[:budget=F,granularity=G,prefetch=N]
+                             spillway.compile(model, weights="offload", ...): the compiled
+                             piecewise executor (Inductor pieces); budget=1.0 keeps every
+                             weight resident (the same pieces: its logits are the
+                             reference the others are compared with bit for bit)
 
 diffusers comes from a carried wheel (SPILLWAY_T2_DIFFUSERS_DIR: a directory that
 `pip install --target` made from .whl/diffusers-*.whl and .whl/importlib_metadata-*.whl;
@@ -54,7 +60,12 @@ T2 = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
           num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, seq=2048)
 TINY = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=4, vocab_size=512, seq=64)
-METHODS = ("resident", "spillway", "accelerate-cpu-offload", "diffusers-leaf", "diffusers-block")
+METHODS = ("resident", "spillway", "accelerate-cpu-offload", "diffusers-leaf", "diffusers-block",
+           "resident-compiled", "spillway-compiled")
+# The logits each method is compared with besides the resident model's: the compiled
+# methods also with plain torch.compile's, and with the same pieces all resident.
+REFERENCES = {"resident": "resident", "resident-compiled": "resident-compiled",
+              "spillway-compiled:budget=1.0": "spillway-compiled-resident"}
 
 
 def _parse(spec: str) -> tuple[str, dict]:
@@ -124,6 +135,15 @@ def _apply(name: str, options: dict, model, device: str) -> tuple[object, int]:
                                           gpu_budget=options.get("budget"), device=device,
                                           granularity=options.get("granularity", "block"))
         return handle, handle.stats()["bytes_offloaded"]
+    if name == "resident-compiled":
+        model.to(device)
+        return torch.compile(model), 0
+    if name == "spillway-compiled":
+        import spillway
+        compiled = spillway.compile(model, weights="offload", prefetch=options.get("prefetch"),
+                                    gpu_budget=options.get("budget"), device=device,
+                                    granularity=options.get("granularity", "block"))
+        return compiled, compiled.spillway_weights.stats()["bytes_offloaded"]
     if name == "accelerate-cpu-offload":
         import accelerate
         accelerate.cpu_offload(model, execution_device=torch.device(device))
@@ -154,7 +174,10 @@ def run_one(spec: str, args) -> dict:
         torch.use_deterministic_algorithms(True, warn_only=True)
     model, ids = _build(shape, dtype)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    t0 = time.perf_counter()
     handle, moved = _apply(name, options, model, args.device)
+    if name.endswith("-compiled"):  # the compiled module runs; the handle is its weights'
+        model, handle = handle, getattr(handle, "spillway_weights", None)
     ids = ids.to(args.device)
 
     def sync():
@@ -168,6 +191,7 @@ def run_one(spec: str, args) -> dict:
     for _ in range(args.warmup):
         out = call()
     sync()
+    setup_s = time.perf_counter() - t0  # the method applied and the warm-up calls (compiles)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -186,17 +210,23 @@ def run_one(spec: str, args) -> dict:
             out = call()
             times.append(1e3 * (time.perf_counter() - t0))
     logits = out.float().cpu()
-    reference = pathlib.Path(args.work) / "resident-logits.pt"
-    if name == "resident":
-        torch.save(logits, reference)
-        equal = True
-    else:
-        equal = bool(torch.equal(logits, torch.load(reference))) if reference.exists() else None
+    work = pathlib.Path(args.work)
+    if spec in REFERENCES:
+        torch.save(logits, work / f"{REFERENCES[spec]}-logits.pt")
+    compared = {}
+    for ref in sorted(set(REFERENCES.values())):
+        path = work / f"{ref}-logits.pt"
+        if path.exists():
+            want = torch.load(path)
+            compared[ref] = {"equal": bool(torch.equal(logits, want)),
+                             "max_abs_diff": float((logits - want).abs().max())}
+    equal = compared.get("resident", {}).get("equal")
     result = dict(method=spec, device=torch.cuda.get_device_name() if cuda else "cpu",
                   torch=torch.__version__, shape=shape, dtype=args.dtype,
                   weights_gib=weights / GIB, moved_gib_per_call=moved / GIB,
                   forward_ms_median=statistics.median(times),
-                  forward_ms_all=[round(t, 2) for t in times], logits_equal_resident=equal)
+                  forward_ms_all=[round(t, 2) for t in times], logits_equal_resident=equal,
+                  logits_against=compared, setup_s=setup_s)
     if cuda:
         result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
         result["allocated_before_call_gib"] = base / GIB
@@ -219,6 +249,14 @@ def _cell(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _against(r: dict) -> str:
+    """'resident =, resident-compiled 3.1e-02' : = where torch.equal, else the largest
+    difference."""
+    out = [f"{ref} =" if c["equal"] else f"{ref} {c['max_abs_diff']:.1e}"
+           for ref, c in r.get("logits_against", {}).items()]
+    return "; ".join(out) or str(r.get("logits_equal_resident"))
+
+
 def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
     first = next((r for r in results if "error" not in r), {})
     lines = [f"# T2 on {first.get('device', '?')}, torch {first.get('torch', '?')}", "",
@@ -228,8 +266,8 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
              f"moved per call / that rate." if h2d else "", "",
              "| method | forward ms | x resident | moved GiB | link floor ms | x link floor | "
              "bound ms | x bound | forecast ms | budget GiB | weights held GiB | "
-             "peak GiB | host RSS GiB | pinned GiB | logits equal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak GiB | host RSS GiB | pinned GiB | logits against | setup s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in results if r.get("method") == "resident" and "error" not in r), {})
     resident = base.get("forward_ms_median")
     # The resident model's activations: its peak less its weights.
@@ -237,7 +275,7 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
                    if "peak_allocated_gib" in base else None)
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['method']} | error: {r['error'][-160:]} |" + " |" * 13)
+            lines.append(f"| {r['method']} | error: {r['error'][-160:]} |" + " |" * 14)
             continue
         ms, moved = r["forward_ms_median"], r["moved_gib_per_call"]
         floor = moved * GIB / (h2d * 1e9) * 1e3 if h2d and moved else None
@@ -253,7 +291,8 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
             f"{_cell(forecast.get('call_ms'), '.1f')} | {_cell(budget, '.2f')} | "
             f"{_cell(held, '.2f')} | "
             f"{_cell(r.get('peak_allocated_gib'), '.2f')} | {_cell(r.get('host_rss_gib'), '.2f')} | "
-            f"{_cell(r.get('pinned_gib'), '.3f')} | {r['logits_equal_resident']} |")
+            f"{_cell(r.get('pinned_gib'), '.3f')} | {_against(r)} | "
+            f"{_cell(r.get('setup_s'), '.0f')} |")
     plans = [(r["method"], r["forecast"]) for r in results if r.get("forecast")]
     if plans:
         lines += ["", "Plans (resident blocks, slots, strategy; forecast of each strategy, ms):", ""]
@@ -286,10 +325,12 @@ def main() -> int:
                               "diffusers-leaf", "diffusers-block"]
     for spec in methods:
         _parse(spec)
-    if "resident" in methods:  # first: the others compare their logits with its
-        methods = ["resident"] + [m for m in methods if m != "resident"]
+    # The references first: the others compare their logits with theirs.
+    refs = [m for m in REFERENCES if m in methods]
+    methods = refs + [m for m in methods if m not in refs]
     pathlib.Path(args.work).mkdir(parents=True, exist_ok=True)
-    (pathlib.Path(args.work) / "resident-logits.pt").unlink(missing_ok=True)
+    for ref in set(REFERENCES.values()):
+        (pathlib.Path(args.work) / f"{ref}-logits.pt").unlink(missing_ok=True)
     h2d = None
     if args.device.startswith("cuda"):
         import torch
