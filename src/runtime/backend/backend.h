@@ -13,7 +13,11 @@
 // Errors: a failure while enqueuing throws at once (TransferError for copies,
 // OutOfMemory for allocations). A failure while executing is kept and raised
 // as TransferError by query()/synchronize() of an event recorded after it on
-// the same stream, or on a stream that waited for such an event.
+// the same stream, or on a stream that waited for such an event. It is also
+// sticky for the stream: synchronize(Stream&) throws TransferError at every
+// call once any work on the stream has failed (CUDA's errors are sticky for
+// the whole context, which is stricter). So a synchronize(Stream&) that
+// returns means everything enqueued on the stream before it ran cleanly.
 //
 // Thread-safety: every method may be called from any thread. Streams and
 // events are owned by their unique_ptr and must outlive the work that uses

@@ -146,7 +146,11 @@ class CudaBackend final : public Backend, public DeviceAllocator {
     }
   }
   void synchronize(Stream& stream) override {
-    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
+    try {
+      SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
+    } catch (const CudaError& e) {
+      raise_transfer(e);
+    }
   }
 
   void* allocate_pinned(std::size_t bytes, int numa_node, int* placed_node) override {

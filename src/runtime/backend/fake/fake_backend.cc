@@ -8,7 +8,9 @@
 //   2. A Marker completes after the tasks enqueued before its record().
 //   3. A failure in a task is kept on its stream and attached to the next
 //      marker completed there; a stream that waits for a failed marker
-//      inherits the failure (as CUDA's sticky errors reach later work).
+//      inherits the failure (as CUDA's sticky errors reach later work). The
+//      stream's first failure stays: every later synchronize(Stream&) of it
+//      throws (FakeControls::synchronize, which only waits, does not).
 //   4. Device memory is stream-ordered like cudaMallocAsync: a block freed on
 //      stream S is reusable at once by allocations on S, by other streams
 //      only after S ran the free point; at that point it is poisoned (0xDD).
@@ -101,7 +103,13 @@ class FakeStream final : public Stream {
   }
   void set_failure(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!first_failure_) first_failure_ = e;
     if (!failure_) failure_ = std::move(e);
+  }
+  // The first failure ever on this stream (invariant 3), or null.
+  std::exception_ptr first_failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_failure_;
   }
   std::exception_ptr take_failure() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -124,7 +132,8 @@ class FakeStream final : public Stream {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::exception_ptr failure_ GUARDED_BY(mu_);
+  std::exception_ptr failure_ GUARDED_BY(mu_);        // for the next marker
+  std::exception_ptr first_failure_ GUARDED_BY(mu_);  // for synchronize(Stream&)
   Delay delay_ GUARDED_BY(mu_);
   std::mt19937_64 rng_ GUARDED_BY(mu_);
   std::thread worker_;
@@ -269,6 +278,7 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
     auto marker = std::make_shared<Marker>();
     stream.enqueue([marker] { marker->complete(nullptr); });
     marker->await();
+    if (auto e = stream.first_failure()) raise_transfer(e);
   }
 
   void* allocate_pinned(std::size_t bytes, int /*numa_node*/, int* placed_node) override {
@@ -404,7 +414,11 @@ class FakeBackend final : public Backend, public DeviceAllocator, public FakeCon
   }
   void synchronize(StreamHandle stream) override {
     BorrowedStream s(stream.native ? static_cast<FakeStream*>(stream.native) : &host_stream_);
-    synchronize(static_cast<Stream&>(s));
+    try {
+      synchronize(static_cast<Stream&>(s));
+    } catch (const TransferError&) {
+      // Only waits (invariant 3): failures are for the events to report.
+    }
   }
   std::size_t device_bytes_in_use() const override {
     std::lock_guard<std::mutex> lock(arena_mu_);

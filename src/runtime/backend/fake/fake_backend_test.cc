@@ -71,6 +71,27 @@ TEST(FakeBackend, CopyFailureSurfacesAtTheNextEventAndReachesWaiters) {
   EXPECT_EQ(a, b);
 }
 
+TEST(FakeBackend, StreamSynchronizeThrowsOnceAnyWorkOnItFailedAndStaysThrowing) {
+  // The copy engine forgets a lane's transfers without querying their events
+  // when synchronize(Stream&) returns (Note [Drain] in copy_engine.h): it must
+  // not return after a failure that only an event has seen.
+  auto backend = make_fake_backend({});
+  auto d2h = backend->create_stream(FakeControls::Role::kD2H);
+  auto h2d = backend->create_stream(FakeControls::Role::kH2D);
+  std::vector<char> a(64, 1), b(64, 0);
+  backend->copy(b.data(), a.data(), a.size(), CopyKind::kDeviceToHost, *d2h);
+  backend->synchronize(*d2h);  // clean so far
+  backend->fake_controls()->fail_next_copies(1);
+  backend->copy(b.data(), a.data(), a.size(), CopyKind::kDeviceToHost, *d2h);
+  auto event = backend->create_event();
+  backend->record(*event, *d2h);
+  EXPECT_THROW(backend->synchronize(*event), TransferError);  // the event took the failure
+  EXPECT_THROW(backend->synchronize(*d2h), TransferError);
+  backend->copy(b.data(), a.data(), a.size(), CopyKind::kDeviceToHost, *d2h);
+  EXPECT_THROW(backend->synchronize(*d2h), TransferError) << "a stream's failure is sticky";
+  backend->synchronize(*h2d);  // another stream is not touched
+}
+
 TEST(FakeBackend, ArenaIsBoundedAndInjectedFailuresCount) {
   auto backend = make_fake_backend(FakeBackendOptions{.device_bytes = 1 << 20});
   DeviceAllocator& alloc = backend->default_allocator();
