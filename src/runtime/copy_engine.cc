@@ -287,60 +287,50 @@ void CopyEngine::finish(const TransferPtr& t) noexcept {
   }
 }
 
-void CopyEngine::check_failures(const Transfer* spare) {
-  for (auto& lane : lanes_) {
-    // Index walk: a skipped `spare` stays on the list. If another thread
-    // removes an entry meanwhile, one transfer may be looked at only by a
-    // later check; none is ever dropped unreported.
-    for (std::size_t i = 0;;) {
-      TransferPtr t;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (i >= lane->outstanding.size()) break;
-        t = lane->outstanding[i];
-      }
-      bool complete = probe(t);
-      bool failed = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        failed = t->error_ != nullptr;
-        if (failed && !t->reported_ && t.get() == spare) {
-          ++i;  // kept for a later check
-          continue;
-        }
-        if (complete || failed) {
-          auto it = std::find(lane->outstanding.begin(), lane->outstanding.end(), t);
-          if (it != lane->outstanding.end()) lane->outstanding.erase(it);
-        }
-        if (failed && !t->reported_) {
-          t->reported_ = true;
-          throw failure(*t, t->error_);
-        }
-      }
-      if (!complete && !failed) break;  // later transfers on this lane run after it
-    }
-  }
-}
-
-void CopyEngine::forget_completed(Lane& lane) {
-  // Index walk, as in check_failures(): a failure not yet reported stays.
+template <typename Decide>
+void CopyEngine::walk_outstanding(Lane& lane, Decide decide) {
+  // Index walk: a kept transfer stays on the list. If another thread removes
+  // an entry meanwhile, one transfer may be looked at only by a later walk;
+  // none is ever dropped unreported.
   for (std::size_t i = 0;;) {
     TransferPtr t;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (i >= lane.outstanding.size()) break;
+      if (i >= lane.outstanding.size()) return;
       t = lane.outstanding[i];
     }
-    bool complete = probe(t);
+    const bool complete = probe(t);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!complete) break;  // later transfers on this lane run after it
-    if (t->error_ && !t->reported_) {
+    const Step step = decide(*t, complete);
+    if (step == Step::kStop) return;
+    if (step == Step::kKeep) {
       ++i;
       continue;
     }
     auto it = std::find(lane.outstanding.begin(), lane.outstanding.end(), t);
     if (it != lane.outstanding.end()) lane.outstanding.erase(it);
+    if (step == Step::kReport) {
+      t->reported_ = true;
+      throw failure(*t, t->error_);
+    }
   }
+}
+
+void CopyEngine::check_failures(const Transfer* spare) {
+  for (auto& lane : lanes_) {
+    walk_outstanding(*lane, [spare](const Transfer& t, bool complete) {
+      const bool unreported = t.error_ && !t.reported_;
+      if (unreported) return &t == spare ? Step::kKeep : Step::kReport;
+      return complete || t.error_ ? Step::kForget : Step::kStop;
+    });
+  }
+}
+
+void CopyEngine::forget_completed(Lane& lane) {
+  walk_outstanding(lane, [](const Transfer& t, bool complete) {
+    if (!complete) return Step::kStop;
+    return t.error_ && !t.reported_ ? Step::kKeep : Step::kForget;
+  });
 }
 
 void CopyEngine::drain() {

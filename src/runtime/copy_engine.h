@@ -143,9 +143,21 @@ class CopyEngine {
   bool probe(const TransferPtr& t);
   // Throws t's failure, marking it reported, if it has one.
   void raise_if_failed(const TransferPtr& t);
+  // What a walk of an outstanding list does with the transfer it probed.
+  enum class Step {
+    kStop,    // leave it and the rest: later transfers on the lane run after it
+    kKeep,    // leave it on the list, look at the next
+    kForget,  // take it off the list
+    kReport,  // take it off, mark it reported and throw its failure
+  };
+  // Walks `lane`'s outstanding list from the front, probing each transfer
+  // (mu_ not held), and does what `decide(transfer, complete)`, called with
+  // mu_ held, returns. Does not block on the device.
+  template <typename Decide>
+  void walk_outstanding(Lane& lane, Decide decide);
   // Drops the transfers at the front of `lane`'s outstanding list that
-  // completed cleanly, up to the first not complete; failed ones stay for
-  // check_failures(). Does not block.
+  // completed, up to the first not complete; a failure not yet reported
+  // stays for check_failures(). Does not block.
   void forget_completed(Lane& lane);
 
   Backend& backend_;
