@@ -39,6 +39,7 @@ struct CopyEngine::Lane {
   std::set<TransferPtr, MoreUrgent> pending;  // with chunks not yet taken
   std::size_t busy = 0;                       // transfers taken by the dispatcher
   std::deque<TransferPtr> outstanding;        // enqueued, not seen complete
+  std::uint64_t enqueued = 0;                 // transfers ever put on `outstanding`
   // Waited on with mu_ (Note [Dispatch cost]). The dispatcher waits on
   // `work` for pending transfers or shutdown. wait_enqueued, finish and drain
   // wait on `progress`, notified when a transfer is enqueued: the lane goes
@@ -184,6 +185,7 @@ void CopyEngine::dispatch(Lane& lane) {
       if ((error || last) && !t->enqueued_) {
         if (error) lane.pending.erase(t);  // skip the rest of a failed transfer
         t->enqueued_ = true;
+        t->enqueue_number_ = lane.enqueued++;
         lane.outstanding.push_back(t);
         enqueued = true;
       }
@@ -333,19 +335,48 @@ void CopyEngine::forget_completed(Lane& lane) {
   });
 }
 
-void CopyEngine::drain() {
-  for (auto& lane : lanes_) {
-    std::unique_lock<std::mutex> lock(mu_);
-    lane->progress.wait(lock, [&] { return lane->pending.empty() && lane->busy == 0; });
-  }
-  // What already ran is forgotten while the streams finish the rest.
-  for (auto& lane : lanes_) forget_completed(*lane);
-  for (auto& lane : lanes_) {
-    try {
-      backend_.synchronize(*lane->stream);
-    } catch (...) {
+void CopyEngine::forget_synchronized(Lane& lane, std::uint64_t enqueued) {
+  std::vector<TransferPtr> forgotten;  // destroyed once mu_ is released
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& list = lane.outstanding;
+  forgotten.reserve(list.size());  // nothing below throws once the list changes
+  auto kept_end = list.begin();
+  auto it = list.begin();
+  // The list is in enqueue order: those covered by the synchronize come first.
+  for (; it != list.end() && (*it)->enqueue_number_ < enqueued; ++it) {
+    if ((*it)->error_ && !(*it)->reported_) {
+      if (kept_end != it) *kept_end = std::move(*it);
+      ++kept_end;
+    } else {
+      forgotten.push_back(std::move(*it));
     }
-    forget_completed(*lane);
+  }
+  list.erase(kept_end, it);
+}
+
+void CopyEngine::drain() {
+  // How many transfers each lane had enqueued once it went idle: each was
+  // put on the list after its chunks were on the stream (Note [Drain]).
+  std::uint64_t enqueued[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    Lane& lane = *lanes_[i];
+    std::unique_lock<std::mutex> lock(mu_);
+    lane.progress.wait(lock, [&] { return lane.pending.empty() && lane.busy == 0; });
+    enqueued[i] = lane.enqueued;
+  }
+  for (int i = 0; i < 2; ++i) {
+    Lane& lane = *lanes_[i];
+    bool ran_cleanly = true;
+    try {
+      backend_.synchronize(*lane.stream);
+    } catch (...) {
+      ran_cleanly = false;  // the failure belongs to a transfer: find it
+    }
+    if (ran_cleanly) {
+      forget_synchronized(lane, enqueued[i]);
+    } else {
+      forget_completed(lane);
+    }
   }
 }
 

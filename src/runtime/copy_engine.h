@@ -21,7 +21,29 @@
 //      transfer. Enqueued transfers stay on their lane's `outstanding` list
 //      (in stream order) until seen complete; check_failures() walks it from
 //      the front, so a failure of a transfer nobody waits on is still
-//      reported, once, at the next check.
+//      reported, once, at the next check. A transfer is seen complete by
+//      querying its chunk events, or wholesale by drain() (Note [Drain]).
+//
+// Note [Drain]
+// ~~~~~~~~~~~~
+// At the end of a batch of a thousand 1 MiB transfers per direction, drain()
+// used to walk each lane's outstanding list querying every chunk event (a
+// driver call each, and mu_ taken twice), lane after lane, while the last
+// max_inflight_bytes ran: on an H100 the walks ended after the copies, and
+// the batch's wall time was ~5 % above raw copies'. Instead, for each lane,
+// drain() notes how many transfers had been put on the list (each after all
+// its chunks were enqueued), synchronizes the stream, and if that returns
+// (Backend: then everything enqueued on it before ran without failure)
+// forgets those transfers in one pass under mu_, with no backend call, except
+// a failure not yet reported, which stays for check_failures(). Transfers
+// enqueued by other threads meanwhile are past the count and stay. If the
+// synchronize throws, some work on the stream failed: drain() walks the list
+// querying each transfer, as check_failures() does, so the failure lands on
+// its transfer. Nothing is queried before the synchronize any more: one way
+// the old walk fitted in the last copies' time, both ways it did not. The
+// pass costs ~120 ns a transfer on an H100's host, after the copies (0.13 ms
+// for 1024 one way, 0.25 ms both ways): 1 MiB both ways went from 94.5 to
+// 98.9 % of raw, one way from 99.9 to 99.3 %.
 //
 // Note [Dispatch cost]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -32,8 +54,8 @@
 // O(log pending)); each lane has its own condition variables (a submit wakes
 // only its lane's dispatcher, an enqueued transfer only the waiters on its
 // lane); events are recycled (Note [Event reuse] in event_pool.h); drain()
-// forgets the transfers that already ran while the streams finish the rest;
-// and mu_ is never held across a backend call.
+// forgets a lane's finished transfers in one pass (Note [Drain]); and mu_ is
+// never held across a backend call.
 //
 // Thread-safety: all methods may be called from any thread.
 
@@ -76,6 +98,8 @@ class Transfer {
   int priority_ = 0;
   std::size_t next_offset_ = 0;
   bool enqueued_ = false;
+  // Its place on its lane's outstanding list, in enqueue order (Note [Drain]).
+  std::uint64_t enqueue_number_ = 0;
   bool reported_ = false;
   std::exception_ptr error_;
 };
@@ -124,7 +148,8 @@ class CopyEngine {
   // memory a copy still touches.
   void finish(const TransferPtr& transfer) noexcept;
   // Blocks until every transfer submitted so far has completed. Never
-  // reports copy failures (check_failures does).
+  // reports copy failures: one not yet reported stays for check_failures().
+  // Costs no backend call per transfer unless a copy failed (Note [Drain]).
   void drain();
 
   Stream& stream(CopyKind kind);
@@ -159,6 +184,11 @@ class CopyEngine {
   // completed, up to the first not complete; a failure not yet reported
   // stays for check_failures(). Does not block.
   void forget_completed(Lane& lane);
+  // Drops the first `enqueued` transfers ever put on `lane`'s outstanding
+  // list that are still there, once a synchronize of the lane's stream made
+  // after they were put there returned (Note [Drain]); a failure not yet
+  // reported stays. One pass under mu_, no backend call.
+  void forget_synchronized(Lane& lane, std::uint64_t enqueued);
 
   Backend& backend_;
   const CopyEngineOptions options_;

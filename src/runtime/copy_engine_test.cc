@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -232,6 +234,133 @@ TEST(CopyEngine, SparedFailureIsLeftForTheNextCheckAndReportedOnce) {
   EXPECT_NO_THROW(engine.check_failures(a.get()));
   EXPECT_THROW(engine.check_failures(), TransferError);  // now `a`, once
   EXPECT_NO_THROW(engine.check_failures());
+}
+
+TEST(CopyEngine, FailureNobodyWaitsOnInABigBatchIsReportedOnceAfterDrain) {
+  // drain() forgets a lane's transfers in one pass when its stream
+  // synchronizes cleanly (Note [Drain]); a failed copy in the middle of a
+  // batch, whose failure only its chunk event carries, must not go with them.
+  constexpr std::size_t kBytes = 4 * kKiB;
+  constexpr std::size_t kFailedBytes = 3000;  // names the failed transfer
+  std::vector<char> d2h_src(256 * kBytes), d2h_dst(d2h_src.size());
+  std::vector<char> h2d_src(256 * kBytes), h2d_dst(h2d_src.size());
+  std::vector<char> failed_src(kFailedBytes, 9), failed_dst(kFailedBytes);
+  testing::fill_pattern(d2h_src.data(), d2h_src.size(), 21);
+  testing::fill_pattern(h2d_src.data(), h2d_src.size(), 22);
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, {});
+  auto before = submit_all(engine, CopyKind::kDeviceToHost, d2h_dst, d2h_src, kBytes);
+  auto h2d = submit_all(engine, CopyKind::kHostToDevice, h2d_dst, h2d_src, kBytes);
+  for (const auto* batch : {&before, &h2d}) {
+    for (const TransferPtr& t : *batch) engine.wait_enqueued(t);
+  }
+  backend->fake_controls()->fail_next_copies(1);  // taken by the next copy enqueued
+  TransferPtr failed = engine.submit(CopyKind::kDeviceToHost, failed_dst.data(),
+                                     failed_src.data(), kFailedBytes, 0, {});
+  engine.wait_enqueued(failed);
+  failed.reset();  // nobody waits on it
+  std::vector<char> after_src(64 * kBytes, 5), after_dst(after_src.size());
+  auto after = submit_all(engine, CopyKind::kDeviceToHost, after_dst, after_src, kBytes);
+  engine.drain();
+  engine.drain();  // a second drain does not lose it either
+  EXPECT_EQ(d2h_dst, d2h_src);
+  EXPECT_EQ(h2d_dst, h2d_src);
+  EXPECT_EQ(after_dst, after_src);
+  try {
+    engine.check_failures();
+    FAIL() << "the failure was dropped";
+  } catch (const TransferError& e) {
+    EXPECT_NE(std::string(e.what()).find("device-to-host copy of 3000 bytes failed"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(engine.check_failures()) << "reported twice";
+  // Everything else was clean and is forgotten by the next drain.
+  TransferPtr clean = engine.submit(CopyKind::kHostToDevice, h2d_dst.data(), h2d_src.data(),
+                                    kBytes, 0, {});
+  engine.drain();
+  EXPECT_TRUE(engine.poll(clean));
+  EXPECT_NO_THROW(engine.check_failures());
+}
+
+TEST(CopyEngine, TransferEnqueuedWhileDrainSynchronizesIsNotForgotten) {
+  // drain() may forget without querying only what was enqueued before it
+  // synchronized the stream. `late` is enqueued while drain() waits for the
+  // stream, runs only after drain() returned, and fails: its failure must be
+  // reported at the next check.
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, {});
+  Gate early_gate(*backend), late_gate(*backend);
+  std::vector<char> src(4096, 3), early_dst(4096), late_dst(4096);
+  TransferPtr early = engine.submit(CopyKind::kDeviceToHost, early_dst.data(), src.data(),
+                                    src.size(), 0, {early_gate.event()});
+  engine.wait_enqueued(early);
+  std::future<void> drained = std::async(std::launch::async, [&] { engine.drain(); });
+  // drain() is now blocked in the synchronize of the stream, behind `early`.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(drained.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  backend->fake_controls()->fail_next_copies(1);
+  TransferPtr late = engine.submit(CopyKind::kDeviceToHost, late_dst.data(), src.data(),
+                                   src.size(), 0, {late_gate.event()});
+  engine.wait_enqueued(late);
+  early_gate.open();
+  const bool returned = drained.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  late_gate.open();
+  drained.get();
+  ASSERT_TRUE(returned) << "drain() waited for `late`: it began after `late` was enqueued";
+  EXPECT_EQ(early_dst, src);
+  engine.finish(late);  // has run (and failed); reports nothing
+  late.reset();
+  EXPECT_THROW(engine.check_failures(), TransferError);
+  EXPECT_NO_THROW(engine.check_failures());
+}
+
+TEST(CopyEngine, SubmitsFromAnotherThreadDuringDrainsAllArriveAndTheirFailureIsReported) {
+  constexpr std::size_t kBytes = 4 * kKiB;
+  constexpr int kTransfers = 400;
+  std::vector<char> src(kTransfers * kBytes), dst(src.size());
+  testing::fill_pattern(src.data(), src.size(), 31);
+  auto backend = make_fake_backend({});
+  backend->fake_controls()->set_delay(FakeControls::Role::kD2H, 0, 20, 3);
+  CopyEngine engine(*backend, {});
+  std::atomic<bool> submitting{true};
+  std::thread submitter([&] {
+    TransferPtr previous;
+    for (int i = 0; i < kTransfers; ++i) {
+      if (i == kTransfers / 2) {
+        engine.wait_enqueued(previous);  // so the next copy enqueued is this one's
+        backend->fake_controls()->fail_next_copies(1);
+      }
+      const std::size_t at = i * kBytes;
+      previous = engine.submit(CopyKind::kDeviceToHost, dst.data() + at, src.data() + at,
+                               kBytes, 0, {});
+      if (i == kTransfers / 2) engine.wait_enqueued(previous);
+      if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    submitting = false;
+  });
+  int drains = 0;
+  while (submitting) {
+    engine.drain();
+    ++drains;
+  }
+  submitter.join();
+  engine.drain();
+  EXPECT_GT(drains, 1);
+  int reported = 0;
+  for (;;) {
+    try {
+      engine.check_failures();
+      break;
+    } catch (const TransferError&) {
+      ++reported;
+    }
+  }
+  EXPECT_EQ(reported, 1);
+  const std::size_t failed_at = kTransfers / 2 * kBytes;
+  std::copy(src.begin() + failed_at, src.begin() + failed_at + kBytes,
+            dst.begin() + failed_at);  // scribbled by the injected failure
+  EXPECT_EQ(dst, src);
 }
 
 TEST(CopyEngine, BadOptionsAreRejected) {
