@@ -18,6 +18,14 @@
 // transfer, in submission order). Each configuration is warmed up once and
 // timed `repeats` times; the median is kept.
 //
+// Where the wall time goes: each batch also notes, on the same clock from the
+// same start, when its three host phases ended: `submitted` (the loop of
+// cudaMemcpyAsync / CopyEngine::submit), `enqueued` (raw: the stop events
+// recorded, right after; engine: the wait_enqueued loop and its stop events)
+// and `synchronized` (= the wall time: both cudaStreamSynchronize / drain).
+// Medians of each, and of wall minus events (the host time on either side of
+// the copies), go into the JSON; the per-row lines print them in ms.
+//
 // Every batch is verified (bench/gpu/link_check.h): destination samples are
 // poisoned before it and compared with the source pattern after it; the
 // engine's byte counters must grow by exactly the batch. A row is INVALID,
@@ -180,6 +188,8 @@ class Timer {
 struct Sample {
   double wall_s = 0;
   double event_s = 0;
+  double submitted_s = 0;  // host phases, from the same start as wall_s
+  double enqueued_s = 0;
   std::size_t bad_words = 0;  // sampled destination words not as the source
   bool counted = true;        // engine: byte counters grew by the batch
 };
@@ -219,8 +229,10 @@ Sample raw_batch(Mode mode, std::size_t size, int count, const Buffers& b, cudaS
                                           cudaMemcpyHostToDevice, h2d));
     }
   }
+  out.submitted_s = std::chrono::duration<double>(Clock::now() - t0).count();
   timer.stop(0, s[0]);
   if (mode == Mode::kBoth) timer.stop(1, s[1]);
+  out.enqueued_s = std::chrono::duration<double>(Clock::now() - t0).count();
   SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(s[0]));
   SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(s[1]));
   out.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -253,6 +265,7 @@ Sample engine_batch(Mode mode, std::size_t size, int count, const Buffers& b, Co
                                         static_cast<char*>(b.host[1]) + at, size, 0, {}));
     }
   }
+  out.submitted_s = std::chrono::duration<double>(Clock::now() - t0).count();
   // wait_enqueued(t) only says t's chunks are on the stream: it makes t the
   // most urgent, so t can overtake earlier transfers. Waiting for every
   // transfer, oldest first, puts the whole batch before the stop events
@@ -261,6 +274,7 @@ Sample engine_batch(Mode mode, std::size_t size, int count, const Buffers& b, Co
   int stops = 0;
   if (has_d2h(mode)) timer.stop(stops++, d2h);
   if (has_h2d(mode)) timer.stop(stops++, h2d);
+  out.enqueued_s = std::chrono::duration<double>(Clock::now() - t0).count();
   engine.drain();
   out.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   out.event_s = timer.elapsed_s(stops);
@@ -278,6 +292,12 @@ struct Figures {
   double gbs = 0;        // median, wall clock
   double event_gbs = 0;  // median, CUDA events
   double max_gbs = 0;    // the fastest repeat, either clock
+  // Medians of the host phases' ends (Sample), ms from the batch's start, and
+  // of wall minus events.
+  double submitted_ms = 0;
+  double enqueued_ms = 0;
+  double synchronized_ms = 0;
+  double wall_minus_events_ms = 0;
   std::size_t bad_words = 0;
   bool counted = true;
   std::vector<std::string> problems;
@@ -285,16 +305,24 @@ struct Figures {
 
 Figures summarize(Mode mode, double bytes, const std::vector<Sample>& samples) {
   Figures f;
-  std::vector<double> wall, event;
+  std::vector<double> wall, event, submitted, enqueued, synchronized, wall_minus_events;
   for (const Sample& s : samples) {
     wall.push_back(bytes / s.wall_s / 1e9);
     event.push_back(bytes / s.event_s / 1e9);
+    submitted.push_back(1e3 * s.submitted_s);
+    enqueued.push_back(1e3 * s.enqueued_s);
+    synchronized.push_back(1e3 * s.wall_s);
+    wall_minus_events.push_back(1e3 * (s.wall_s - s.event_s));
     f.max_gbs = std::max({f.max_gbs, wall.back(), event.back()});
     f.bad_words += s.bad_words;
     f.counted = f.counted && s.counted;
   }
   f.gbs = median(wall);
   f.event_gbs = median(event);
+  f.submitted_ms = median(submitted);
+  f.enqueued_ms = median(enqueued);
+  f.synchronized_ms = median(synchronized);
+  f.wall_minus_events_ms = median(wall_minus_events);
   const double limit = mode == Mode::kBoth ? kMaxBothGbs : kMaxOneWayGbs;
   char buf[160];
   if (f.max_gbs > limit) {
@@ -358,6 +386,12 @@ void print_row(const Row& r) {
       r.valid() ? "" : (describe(r.raw) + (r.raw.problems.empty() ? "" : " (raw) ") +
                         describe(r.engine) + (r.engine.problems.empty() ? "" : " (engine)"))
                            .c_str());
+  std::printf(
+      "             phases ms: raw submitted %.2f enqueued %.2f synchronized %.2f (wall-events "
+      "%.2f); engine submitted %.2f enqueued %.2f drained %.2f (wall-events %.2f)\n",
+      r.raw.submitted_ms, r.raw.enqueued_ms, r.raw.synchronized_ms, r.raw.wall_minus_events_ms,
+      r.engine.submitted_ms, r.engine.enqueued_ms, r.engine.synchronized_ms,
+      r.engine.wall_minus_events_ms);
   std::fflush(stdout);
 }
 
@@ -560,9 +594,12 @@ void print_pool(const char* name, const PoolFigures& f) {
 void write_figures(FILE* out, const char* name, const Figures& f) {
   std::fprintf(out,
                "\"%s_gbs\": %.2f, \"%s_event_gbs\": %.2f, \"%s_max_gbs\": %.2f, "
-               "\"%s_bad_words\": %zu, \"%s_problems\": \"%s\"",
+               "\"%s_bad_words\": %zu, \"%s_problems\": \"%s\", "
+               "\"%s_submitted_ms\": %.3f, \"%s_enqueued_ms\": %.3f, "
+               "\"%s_synchronized_ms\": %.3f, \"%s_wall_minus_events_ms\": %.3f",
                name, f.gbs, name, f.event_gbs, name, f.max_gbs, name, f.bad_words, name,
-               describe(f).c_str());
+               describe(f).c_str(), name, f.submitted_ms, name, f.enqueued_ms, name,
+               f.synchronized_ms, name, f.wall_minus_events_ms);
 }
 
 void write_json(const std::string& path, const LinkResults& link, const PoolFigures& pool,
