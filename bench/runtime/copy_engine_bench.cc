@@ -5,10 +5,14 @@
 // Args: transfer bytes, directions (1: device-to-host only, 2: both at once).
 // At 4 KiB the fake streams' memcpy is negligible and the figure is the
 // engine's dispatch path; at 1 MiB it is the memcpy on two cores plus it.
+// BM_CopyEngineDrain times drain() alone, after such a batch has run: the
+// host cost that ends a batch once its copies are done (Note [Drain] in
+// copy_engine.h), per transfer.
 //   build/release/bench/runtime/spillway_bench_runtime --benchmark_filter=CopyEngine
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <vector>
 
 #include "runtime/backend/backend.h"
@@ -62,6 +66,47 @@ BENCHMARK(BM_CopyEngineBatch)
     ->UseRealTime()
     ->MeasureProcessCPUTime()
     ->Unit(benchmark::kMillisecond);
+
+void BM_CopyEngineDrain(benchmark::State& state) {
+  constexpr std::size_t kBytes = 4 << 10;
+  const bool both = state.range(0) == 2;
+  auto backend = runtime::make_fake_backend({});
+  CopyEngine engine(*backend, CopyEngineOptions{});
+  std::vector<char> device_src(kBufferBytes, 1), host_dst(kBufferBytes);
+  std::vector<char> host_src(kBufferBytes, 2), device_dst(kBufferBytes);
+  std::vector<TransferPtr> transfers;
+  transfers.reserve(2 * kTransfersPerDirection);
+  for (auto _ : state) {
+    for (int i = 0; i < kTransfersPerDirection; ++i) {
+      const std::size_t at = i * kBytes % (kBufferBytes - kBytes + 1) / kBytes * kBytes;
+      transfers.push_back(engine.submit(CopyKind::kDeviceToHost, host_dst.data() + at,
+                                        device_src.data() + at, kBytes, 0, {}));
+      if (both) {
+        transfers.push_back(engine.submit(CopyKind::kHostToDevice, device_dst.data() + at,
+                                          host_src.data() + at, kBytes, 0, {}));
+      }
+    }
+    for (const TransferPtr& t : transfers) engine.wait_enqueued(t);
+    // Every copy has run: what drain() costs now is its own host work.
+    backend->synchronize(engine.stream(CopyKind::kDeviceToHost));
+    backend->synchronize(engine.stream(CopyKind::kHostToDevice));
+    const auto start = std::chrono::steady_clock::now();
+    engine.drain();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    transfers.clear();
+  }
+  const double per_batch = kTransfersPerDirection * (both ? 2.0 : 1.0);
+  state.counters["drain_ns_per_transfer"] = benchmark::Counter(
+      per_batch * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_CopyEngineDrain)
+    ->ArgNames({"directions"})
+    ->Arg(1)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace spillway
