@@ -21,7 +21,26 @@ from spillway import ops
 from _models import deterministic_cuda, fresh_dynamo, tiny_llama  # noqa: F401
 from test_weights import _dit, _dit_inputs
 
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+pytestmark = pytest.mark.usefixtures("fresh_dynamo", "detached_after")
+
+
+@pytest.fixture
+def detached_after(monkeypatch):
+    """Every handle a test attaches is detached after it (even when it failed), so no
+    copy of the ring's handover stays pending into the next test."""
+    from spillway.weights import layerwise
+    made = []
+    attach = layerwise._attach
+
+    def tracked(*args, **kwargs):
+        made.append(attach(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(layerwise, "_attach", tracked)
+    yield
+    for handle in made:
+        if not handle._detached:
+            handle.detach()
 
 
 def _executors(compiled) -> int:

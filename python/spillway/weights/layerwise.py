@@ -194,7 +194,7 @@ class LayerwiseWeights:
             self._apply(first)
         self._install_hooks()
         # A handle dropped without detach() leaves no copy unwaited in the runtime.
-        self._finalizer = weakref.finalize(self, _wait_all, self._prefetched)
+        self._finalizer = weakref.finalize(self, _wait_dropped, self._prefetched)
         self._finalizer.atexit = False
 
     # ---- the host slabs ------------------------------------------------------
@@ -770,6 +770,15 @@ def _records_grad(output) -> bool:
     """Whether autograd recorded the op that made any tensor of `output`."""
     from torch.utils._pytree import tree_leaves
     return any(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in tree_leaves(output))
+
+
+def _wait_dropped(prefetched: dict) -> None:
+    """_wait_all for a handle the garbage collector drops: it may run while a dispatch
+    mode is active (a FakeTensorMode while Dynamo traces, a recorder), which must not see
+    the waits."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        _wait_all(prefetched)
 
 
 def _wait_all(prefetched: dict) -> None:
