@@ -237,13 +237,18 @@ def test_cuda_compiled_offload_is_exact_and_holds_few_blocks():
         with torch.inference_mode():
             compiled(ids, use_cache=False)  # compiles
             torch.cuda.synchronize()
+            compiled_once = handle.stats()
             torch.cuda.reset_peak_memory_stats()
             for k in range(4):
                 assert torch.equal(compiled(ids.roll(k, 1), use_cache=False).logits, want[k]), k
         peak = torch.cuda.max_memory_allocated() - base - rest
         assert peak < 4 * block + 64 * 2**20, (peak, block)
         s = handle.stats()
-        assert s["graphs"] == 1 and s["on_demand"] == 1, s
+        # Nothing compiled again after the first call (its graphs: one, or more when
+        # Dynamo saw this model's class before, as here); no block loaded on demand since.
+        for key in ("graphs", "piece_compiles", "on_demand"):
+            assert s[key] == compiled_once[key], (key, s, compiled_once)
+        assert s["on_demand"] == 1, s
         handle.detach()
 
 
