@@ -31,28 +31,49 @@ constexpr int kTransfersPerDirection = 1024;
 // through theirs; one stream's copies into one buffer run in order.
 constexpr std::size_t kBufferBytes = std::size_t{64} << 20;
 
+// A batch's source and destination buffers: device and host both played by CPU memory.
+struct Buffers {
+  std::vector<char> device_src = std::vector<char>(kBufferBytes, 1);
+  std::vector<char> host_dst = std::vector<char>(kBufferBytes);
+  std::vector<char> host_src = std::vector<char>(kBufferBytes, 2);
+  std::vector<char> device_dst = std::vector<char>(kBufferBytes);
+};
+
+// An engine on the fake backend with a batch's buffers.
+struct Rig {
+  std::unique_ptr<runtime::Backend> backend = runtime::make_fake_backend({});
+  CopyEngine engine{*backend, CopyEngineOptions{}};
+  Buffers buffers;
+  std::vector<TransferPtr> transfers;
+
+  Rig() { transfers.reserve(2 * kTransfersPerDirection); }
+  void submit_batch(std::size_t bytes, bool both);
+};
+
+// Submits kTransfersPerDirection transfers of `bytes` D2H (and as many H2D when
+// `both`), then waits until all of them are enqueued.
+void Rig::submit_batch(std::size_t bytes, bool both) {
+  Buffers& b = buffers;
+  for (int i = 0; i < kTransfersPerDirection; ++i) {
+    const std::size_t at = i * bytes % (kBufferBytes - bytes + 1) / bytes * bytes;
+    transfers.push_back(engine.submit(CopyKind::kDeviceToHost, b.host_dst.data() + at,
+                                      b.device_src.data() + at, bytes, 0, {}));
+    if (both) {
+      transfers.push_back(engine.submit(CopyKind::kHostToDevice, b.device_dst.data() + at,
+                                        b.host_src.data() + at, bytes, 0, {}));
+    }
+  }
+  for (const TransferPtr& t : transfers) engine.wait_enqueued(t);
+}
+
 void BM_CopyEngineBatch(benchmark::State& state) {
   const std::size_t bytes = static_cast<std::size_t>(state.range(0));
   const bool both = state.range(1) == 2;
-  auto backend = runtime::make_fake_backend({});
-  CopyEngine engine(*backend, CopyEngineOptions{});
-  std::vector<char> device_src(kBufferBytes, 1), host_dst(kBufferBytes);
-  std::vector<char> host_src(kBufferBytes, 2), device_dst(kBufferBytes);
-  std::vector<TransferPtr> transfers;
-  transfers.reserve(2 * kTransfersPerDirection);
+  Rig rig;
   for (auto _ : state) {
-    for (int i = 0; i < kTransfersPerDirection; ++i) {
-      const std::size_t at = i * bytes % (kBufferBytes - bytes + 1) / bytes * bytes;
-      transfers.push_back(engine.submit(CopyKind::kDeviceToHost, host_dst.data() + at,
-                                        device_src.data() + at, bytes, 0, {}));
-      if (both) {
-        transfers.push_back(engine.submit(CopyKind::kHostToDevice, device_dst.data() + at,
-                                          host_src.data() + at, bytes, 0, {}));
-      }
-    }
-    for (const TransferPtr& t : transfers) engine.wait_enqueued(t);
-    engine.drain();
-    transfers.clear();
+    rig.submit_batch(bytes, both);
+    rig.engine.drain();
+    rig.transfers.clear();
   }
   const double per_batch = kTransfersPerDirection * (both ? 2.0 : 1.0);
   state.counters["transfers_per_s"] =
@@ -70,31 +91,17 @@ BENCHMARK(BM_CopyEngineBatch)
 void BM_CopyEngineDrain(benchmark::State& state) {
   constexpr std::size_t kBytes = 4 << 10;
   const bool both = state.range(0) == 2;
-  auto backend = runtime::make_fake_backend({});
-  CopyEngine engine(*backend, CopyEngineOptions{});
-  std::vector<char> device_src(kBufferBytes, 1), host_dst(kBufferBytes);
-  std::vector<char> host_src(kBufferBytes, 2), device_dst(kBufferBytes);
-  std::vector<TransferPtr> transfers;
-  transfers.reserve(2 * kTransfersPerDirection);
+  Rig rig;
   for (auto _ : state) {
-    for (int i = 0; i < kTransfersPerDirection; ++i) {
-      const std::size_t at = i * kBytes % (kBufferBytes - kBytes + 1) / kBytes * kBytes;
-      transfers.push_back(engine.submit(CopyKind::kDeviceToHost, host_dst.data() + at,
-                                        device_src.data() + at, kBytes, 0, {}));
-      if (both) {
-        transfers.push_back(engine.submit(CopyKind::kHostToDevice, device_dst.data() + at,
-                                          host_src.data() + at, kBytes, 0, {}));
-      }
-    }
-    for (const TransferPtr& t : transfers) engine.wait_enqueued(t);
+    rig.submit_batch(kBytes, both);
     // Every copy has run: what drain() costs now is its own host work.
-    backend->synchronize(engine.stream(CopyKind::kDeviceToHost));
-    backend->synchronize(engine.stream(CopyKind::kHostToDevice));
+    rig.backend->synchronize(rig.engine.stream(CopyKind::kDeviceToHost));
+    rig.backend->synchronize(rig.engine.stream(CopyKind::kHostToDevice));
     const auto start = std::chrono::steady_clock::now();
-    engine.drain();
+    rig.engine.drain();
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    transfers.clear();
+    rig.transfers.clear();
   }
   const double per_batch = kTransfersPerDirection * (both ? 2.0 : 1.0);
   state.counters["drain_ns_per_transfer"] = benchmark::Counter(
