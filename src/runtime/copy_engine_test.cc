@@ -324,29 +324,42 @@ TEST(CopyEngine, SubmitsFromAnotherThreadDuringDrainsAllArriveAndTheirFailureIsR
   backend->fake_controls()->set_delay(FakeControls::Role::kD2H, 0, 20, 3);
   CopyEngine engine(*backend, {});
   std::atomic<bool> submitting{true};
+  std::atomic<int> drains{0};
+  bool drained_meanwhile = true;
   std::thread submitter([&] {
-    TransferPtr previous;
+    std::vector<TransferPtr> sent;
     for (int i = 0; i < kTransfers; ++i) {
+      if (i == kTransfers / 4 || i == 3 * kTransfers / 4) {
+        // A drain completes while transfers are still being submitted, however the
+        // threads are scheduled.
+        const int seen = drains.load();
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (drains.load() == seen && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+        drained_meanwhile = drained_meanwhile && drains.load() > seen;
+      }
       if (i == kTransfers / 2) {
-        engine.wait_enqueued(previous);  // so the next copy enqueued is this one's
+        // Every earlier transfer enqueued, so the next copy enqueued is this one's.
+        // Oldest first: a waited transfer becomes the most urgent, and waiting only
+        // for the last would let it overtake earlier ones still pending.
+        for (const TransferPtr& t : sent) engine.wait_enqueued(t);
         backend->fake_controls()->fail_next_copies(1);
       }
       const std::size_t at = i * kBytes;
-      previous = engine.submit(CopyKind::kDeviceToHost, dst.data() + at, src.data() + at,
-                               kBytes, 0, {});
-      if (i == kTransfers / 2) engine.wait_enqueued(previous);
-      if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      sent.push_back(engine.submit(CopyKind::kDeviceToHost, dst.data() + at, src.data() + at,
+                                   kBytes, 0, {}));
+      if (i == kTransfers / 2) engine.wait_enqueued(sent.back());
     }
     submitting = false;
   });
-  int drains = 0;
   while (submitting) {
     engine.drain();
     ++drains;
   }
   submitter.join();
   engine.drain();
-  EXPECT_GT(drains, 1);
+  EXPECT_TRUE(drained_meanwhile) << "no drain() completed within 10 s while submitting";
   int reported = 0;
   for (;;) {
     try {
