@@ -85,11 +85,10 @@ class PiecewiseExecutor:
         for i, value in enumerate(example_inputs):
             if id(value) in where:
                 self.weights[i] = where[id(value)]
-        offloaded = {id(p) for b in handle._blocks for p in b.params}
         for node in gm.graph.nodes:
             if node.op == "get_attr":
                 target = _attr(gm, node.target)
-                if isinstance(target, torch.Tensor) and id(target) in offloaded:
+                if isinstance(target, torch.Tensor) and id(target) in where:
                     raise RuntimeError(
                         f"[weights] compiled: Dynamo captured {node.target} as a constant of "
                         f"the graph, not as an input, so the executor cannot hand it its "
