@@ -186,6 +186,90 @@ def test_misuse_is_refused_with_the_values_kept():
         spillway.offload_weights(model, device="cpu")
 
 
+class _Broken(torch.nn.Module):
+    """Blocks of two linears in an nn.ModuleList, with Dynamo graph breaks between two
+    blocks (`between`) or inside every block (`inside`)."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, inside: bool):
+            super().__init__()
+            self.a, self.b, self.inside = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32), inside
+
+        def forward(self, x):
+            y = self.a(x).relu()
+            if self.inside:
+                torch._dynamo.graph_break()
+            return x + self.b(y)
+
+    def __init__(self, inside: bool, between: bool):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(self.Block(inside) for _ in range(4))
+        self.head, self.between = torch.nn.Linear(32, 8), between
+
+    def forward(self, x):
+        for k, block in enumerate(self.blocks):
+            x = block(x)
+            if self.between and k == 1:
+                torch._dynamo.graph_break()
+        return self.head(x)
+
+
+@pytest.mark.parametrize("inside, between", [(False, True), (True, False)],
+                         ids=["between-blocks", "inside-blocks"])
+def test_graph_breaks_stay_exact_and_one_call_prefetches_across_its_graphs(inside, between):
+    """A call of the compiled model is one call of the handle however many graphs Dynamo
+    made of it: the order spans the graphs, so the next call prefetches every block; a
+    block cut by a break keeps its weights from its first graph to its second."""
+    torch.manual_seed(13)
+    model = _Broken(inside, between).eval()
+    resident = copy.deepcopy(model)
+    compiled = spillway.compile(model, weights="offload", device="cpu", backend="eager")
+    handle = compiled.spillway_weights
+    seen = []
+    with torch.no_grad():
+        for k in range(6):
+            x = torch.randn(4, 32)
+            assert torch.equal(compiled(x), resident(x)), k
+            seen.append(handle.stats())
+    s = seen[-1]
+    assert s["calls"] == 6 and (s["graphs"] >= 2 or not inside), s
+    assert s["order"] == ([0, 0, 1, 1, 2, 2, 3, 3] if inside else [0, 1, 2, 3]), s
+    # From the second call on, one copy per block per call, every one prefetched.
+    for before, after in zip(seen[1:], seen[2:]):
+        assert after["reloads"] - before["reloads"] == 4, (before, after)
+        assert after["on_demand"] == before["on_demand"], (before, after)
+        assert after["dropped_prefetches"] == before["dropped_prefetches"], (before, after)
+
+
+def test_five_hundred_compiled_calls_keep_pinned_memory_and_buffers_flat():
+    """Over 500 calls under a budget (planned again from the second call's profile)
+    nothing the executor holds grows: the pool's pinned bytes and allocations, the copies
+    in flight, the resident groups, the groups held; every 50th call is checked against
+    the same compile with every weight resident."""
+    from test_weights import _settled_pinned_bytes
+    model, ids = tiny_llama(8, layers=4, hidden=64, intermediate=128, heads=4, kv_heads=2,
+                            vocab=128, batch=1, seq=16)
+    model.eval()
+    full = spillway.compile(copy.deepcopy(model), weights="offload", device="cpu",
+                            backend="eager", gpu_budget=1.0, granularity="children")
+    _settled_pinned_bytes()
+    compiled = spillway.compile(model, weights="offload", device="cpu", backend="eager",
+                                gpu_budget=0.7, granularity="children")
+    handle, seen = compiled.spillway_weights, []
+    with torch.inference_mode():
+        for k in range(500):
+            out = compiled(ids, use_cache=False).logits
+            if k % 50 == 0:
+                assert torch.equal(out, full(ids, use_cache=False).logits), k
+            if k >= 3:
+                s, pool = handle.stats(), ops.pool_stats("cpu")
+                seen.append((pool["bytes_pinned"], pool["pinned_allocations"],
+                             len(s["in_flight"]), tuple(s["resident"]), len(handle._held),
+                             len(handle._live), s["graphs"], s["piece_compiles"]))
+    assert len(set(seen)) == 1, set(seen)
+    assert handle.stats()["calls"] == 500 and 0 < len(seen[0][3]) < len(handle.groups)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(weights="host"), r"weights must be 'offload' or None, got 'host'"),
     (dict(weights="offload", memory_budget="1GiB"), r"does not combine with activation"),
@@ -275,3 +359,50 @@ def test_cuda_compiled_fp32_is_close_to_plain_torch_compile():
                       f"max |difference| {(got - want).abs().max().item():.3g}")
                 assert torch.allclose(got, want, rtol=0, atol=1e-5), k
         compiled.spillway_weights.detach()
+
+
+@needs_cuda
+def test_cuda_five_hundred_compiled_calls_hold_gpu_and_pinned_memory_flat():
+    """500 calls of a bf16 Llama under a 50 % budget (children; the pieces run by the
+    eager backend: the executor's memory is what is measured, not Inductor's): the GPU
+    peak of every 50 calls, the bytes allocated between calls and the pool's pinned bytes
+    are the same from the fourth call on; every 50th call is bit-equal to the resident
+    compile's."""
+    from test_weights import _settled_pinned_bytes
+    model, ids = tiny_llama(14, layers=4, hidden=512, intermediate=1024, heads=8, kv_heads=4,
+                            vocab=512, batch=1, seq=128, dtype=torch.bfloat16)
+    model.eval()
+    ids = ids.cuda()
+    full = spillway.compile(copy.deepcopy(model), weights="offload", backend="eager",
+                            gpu_budget=1.0, granularity="children")
+    with torch.inference_mode():
+        want = full(ids, use_cache=False).logits
+    full.spillway_weights.detach()
+    del full
+    _settled_pinned_bytes("cuda:0")
+    compiled = spillway.compile(model, weights="offload", backend="eager", gpu_budget=0.5,
+                                granularity="children")
+    handle, windows, between = compiled.spillway_weights, [], set()
+    with torch.inference_mode():
+        for k in range(503):
+            out = compiled(ids, use_cache=False).logits
+            if k % 50 == 0:
+                assert torch.equal(out, want), k
+            del out
+            torch.cuda.synchronize()
+            if k == 2:
+                torch.cuda.reset_peak_memory_stats()
+            elif k > 2:
+                pool = ops.pool_stats("cuda:0")
+                between.add((torch.cuda.memory_allocated(), pool["bytes_pinned"],
+                             pool["pinned_allocations"], tuple(handle.stats()["resident"])))
+                if (k - 2) % 50 == 0:
+                    windows.append(torch.cuda.max_memory_allocated())
+                    torch.cuda.reset_peak_memory_stats()
+    assert len(between) == 1, between
+    assert len(windows) == 10 and len(set(windows)) == 1, windows
+    f = handle.forecast()
+    print(f"500 compiled calls: peak {windows[0] / 2**20:.1f} MiB every 50 calls, "
+          f"{between.pop()[1] / 2**20:.1f} MiB pinned; budget {f['budget_bytes'] / 2**20:.1f} "
+          f"MiB of weights, resident groups {f['resident']}")
+    handle.detach()

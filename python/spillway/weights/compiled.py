@@ -33,10 +33,17 @@ graph inputs: Dynamo lifts them, torch >= 2.5's default), and:
    to the caching allocator in stream order, and values the rest of the graph
    no longer reads are dropped.
 
-The calls of the executor are the handle's model calls: the first warms up,
-the second is profiled (each group's compute between its wait and its end, and
-the compute between groups, from CUDA events), and the scheduler plans again
-from those times (forecast()). With graph breaks, each graph's call is a call.
+A call of the module spillway.compile returns is a call of the handle (its
+hooks, which run outside Dynamo, bracket it): the first warms up, the second is
+profiled (each group's compute between its wait and its end, and the compute
+between groups, from CUDA events), and the scheduler plans again from those
+times (forecast()). Graph breaks change nothing there: the graphs of one call
+run inside that call, the order observed over all of them is the ring the next
+call prefetches along, and a group read by two graphs (a break inside a block)
+is brought twice, its copy prefetched for the second like any other. The code
+Dynamo runs between two graphs sees the parameters' placeholders (NaN): a
+break inside a block that reads a weight eagerly, rather than through a graph,
+computes on NaN, never on a stale value.
 
 Exactness: a piece computes what the same piece computes with the weights
 resident, so outputs are bit-equal to the model compiled the same way with
@@ -65,6 +72,7 @@ class _Piece:
     def __init__(self, name: str, module: fx.GraphModule, node: fx.Node):
         self.name, self.module, self.node = name, module, node
         self.groups: list[int] = []
+        self.last: list[int] = []  # the groups no later piece of the graph reads
         # Per input: (the cut graph's node, group, slot); group None: a value.
         self.inputs: list[tuple] = []
         self.compiled: dict[tuple, object] = {}  # input signature -> compiled callable
@@ -147,6 +155,10 @@ class PiecewiseExecutor:
                 p.inputs.append((arg, group, slot))
                 if group is not None and group not in p.groups:
                     p.groups.append(group)
+        # Per piece: the groups whose last piece in this graph it is.
+        last = {g: name for name, p in self.pieces.items() for g in p.groups}
+        for name, p in self.pieces.items():
+            p.last = [g for g in p.groups if last[g] == name]
 
     # ---- running ------------------------------------------------------------------------
 
@@ -204,7 +216,10 @@ class PiecewiseExecutor:
                 del inputs, views
                 if streaming:
                     for group in piece.groups:
-                        h._release(group)
+                        if group in piece.last:
+                            h._end_of_graph(group)
+                        else:
+                            h._release(group)
             elif node.op == "call_function" and node.target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
             else:
@@ -324,6 +339,12 @@ def compile_offloaded(model: nn.Module, *, gpu_budget=None, blocks: str | None =
                                granularity, compiled=True)
     compiled = torch.compile(model, backend=_Backend(handle, backend), **torch_compile_kwargs)
     compiled.spillway_weights = handle
+    # One call of the compiled model is one call of the handle, however many graphs
+    # Dynamo cut it into (Note [Piecewise executor], graph breaks). The wrapper's hooks
+    # run outside Dynamo: it is the frame Dynamo's own frames run inside.
+    handle._hooks.append(compiled.register_forward_pre_hook(handle._on_model_start))
+    handle._hooks.append(compiled.register_forward_hook(handle._on_model_end,
+                                                        always_call=True))
     return compiled
 
 

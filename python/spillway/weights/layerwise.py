@@ -159,8 +159,8 @@ class LayerwiseWeights:
                  granularity: str = "block", compiled: bool = False):
         self.model, self.device, self.granularity = model, device, granularity
         # compiled: driven by the piecewise executor (compiled.py), which hands each piece
-        # its weights' device copies: the parameters keep their shaped placeholders and no
-        # hook is installed.
+        # its weights' device copies: the parameters keep their shaped placeholders, and
+        # the blocks' only hook refuses a run outside the executor.
         self._compiled = compiled
         self.prefetch = 1 if prefetch is None else prefetch
         self._slots = self.prefetch + 1  # streamed buffers allocated at once
@@ -176,6 +176,7 @@ class LayerwiseWeights:
         self._order: list[int] = []      # the block order of the last completed call
         self._following: dict[int, int] = {}  # block -> the block after it in that order
         self._observed: list[int] = []   # this call's so far
+        self._held: set[int] = set()     # compiled: live past their graph (_end_of_graph)
         self._depth = 0                  # model calls in progress (re-entrant calls)
         self._hooks: list = []
         self._mutating = False
@@ -334,6 +335,7 @@ class LayerwiseWeights:
     def _call_ends(self) -> None:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
+            self._let_go(keep=None)
             self._backward.call_ends()
             self._stats["calls"] += 1
             if self._observed:
@@ -386,7 +388,27 @@ class LayerwiseWeights:
                         f"torch.no_grad()")
         return hook
 
+    def _end_of_graph(self, index: int) -> None:
+        """Compiled: a graph's last piece that reads the group ended. When the last call's
+        order brings the same group next (a graph break inside it), its weights stay on
+        the device until then instead of being copied again; a wrong guess costs only
+        the time they are held (released at the next bring of another group)."""
+        k = len(self._observed)
+        if index in self._live and k < len(self._order) and self._order[k] == index:
+            self._held.add(index)
+        else:
+            self._release(index)
+
+    def _let_go(self, keep: int | None) -> None:
+        """Releases the groups held past their graph, but `keep`."""
+        for k in sorted(self._held - {keep}):
+            self._held.discard(k)
+            self._release(k)
+        self._held.discard(keep)
+
     def _bring(self, index: int) -> None:
+        if self._held:
+            self._let_go(keep=index)
         block = self._blocks[index]
         self._observed.append(index)
         profiling = self._planner is not None and self._planner.profiling
