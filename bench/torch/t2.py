@@ -65,7 +65,9 @@ METHODS = ("resident", "spillway", "accelerate-cpu-offload", "diffusers-leaf", "
 # The logits each method is compared with besides the resident model's: the compiled
 # methods also with plain torch.compile's, and with the same pieces all resident.
 REFERENCES = {"resident": "resident", "resident-compiled": "resident-compiled",
-              "spillway-compiled:budget=1.0": "spillway-compiled-resident"}
+              "spillway-compiled:budget=1.0": "spillway-compiled-resident",
+              "spillway-compiled:budget=1.0,granularity=children":
+                  "spillway-compiled-children-resident"}
 
 
 def _parse(spec: str) -> tuple[str, dict]:
@@ -266,8 +268,9 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
              f"moved per call / that rate." if h2d else "", "",
              "| method | forward ms | x resident | moved GiB | link floor ms | x link floor | "
              "bound ms | x bound | forecast ms | budget GiB | weights held GiB | "
-             "peak GiB | host RSS GiB | pinned GiB | logits against | setup s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak GiB | host RSS GiB | RSS - weights GiB | pinned GiB | logits against | "
+             "setup s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in results if r.get("method") == "resident" and "error" not in r), {})
     resident = base.get("forward_ms_median")
     # The resident model's activations: its peak less its weights.
@@ -275,13 +278,14 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
                    if "peak_allocated_gib" in base else None)
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['method']} | error: {r['error'][-160:]} |" + " |" * 14)
+            lines.append(f"| {r['method']} | error: {r['error'][-160:]} |" + " |" * 15)
             continue
         ms, moved = r["forward_ms_median"], r["moved_gib_per_call"]
         floor = moved * GIB / (h2d * 1e9) * 1e3 if h2d and moved else None
         bound = max(resident, floor or 0) if resident and floor else None
         forecast = r.get("forecast") or {}
         budget = forecast["budget_bytes"] / GIB if forecast else None
+        rss = r.get("host_rss_gib")
         held = (r["peak_allocated_gib"] - activations
                 if forecast and activations is not None and "peak_allocated_gib" in r else None)
         lines.append(
@@ -291,8 +295,15 @@ def _markdown(results: list[dict], h2d: float | None, command: str) -> str:
             f"{_cell(forecast.get('call_ms'), '.1f')} | {_cell(budget, '.2f')} | "
             f"{_cell(held, '.2f')} | "
             f"{_cell(r.get('peak_allocated_gib'), '.2f')} | {_cell(r.get('host_rss_gib'), '.2f')} | "
+            f"{_cell(rss - r['weights_gib'] if rss is not None else None, '.2f')} | "
             f"{_cell(r.get('pinned_gib'), '.3f')} | {_against(r)} | "
             f"{_cell(r.get('setup_s'), '.0f')} |")
+    if base.get("host_rss_gib") is not None and base.get("device") != "cpu":
+        lines += ["", f"RSS - weights: the process's host memory beyond the model's size. The "
+                      f"stated constant is the resident method's RSS, "
+                      f"{base['host_rss_gib']:.2f} GiB: the same process with no weight on "
+                      f"the host (torch, CUDA, transformers, the model's code). A method at or "
+                      f"below it keeps no second host copy of the weights."]
     plans = [(r["method"], r["forecast"]) for r in results if r.get("forecast")]
     if plans:
         lines += ["", "Plans (resident blocks, slots, strategy; forecast of each strategy, ms):", ""]
