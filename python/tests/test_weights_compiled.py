@@ -362,30 +362,38 @@ def test_cuda_compiled_fp32_is_close_to_plain_torch_compile():
 
 
 @needs_cuda
-def test_cuda_five_hundred_compiled_calls_hold_gpu_and_pinned_memory_flat():
-    """500 calls of a bf16 Llama under a 50 % budget (children; the pieces run by the
-    eager backend: the executor's memory is what is measured, not Inductor's): the GPU
-    peak of every 50 calls, the bytes allocated between calls and the pool's pinned bytes
-    are the same from the fourth call on; every 50th call is bit-equal to the resident
-    compile's."""
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_cuda_five_hundred_calls_hold_gpu_and_pinned_memory_flat(compiled):
+    """500 calls of a bf16 Llama under a 50 % budget (children), through offload_weights
+    or spillway.compile (its pieces run by the eager backend: the executor's memory is
+    what is measured, not Inductor's): the GPU peak of every 50 calls, the bytes
+    allocated between calls and the pool's pinned bytes are the same from the fourth
+    call on; every 50th call is bit-equal to the same model with every weight resident."""
     from test_weights import _settled_pinned_bytes
     model, ids = tiny_llama(14, layers=4, hidden=512, intermediate=1024, heads=8, kv_heads=4,
                             vocab=512, batch=1, seq=128, dtype=torch.bfloat16)
     model.eval()
     ids = ids.cuda()
-    full = spillway.compile(copy.deepcopy(model), weights="offload", backend="eager",
-                            gpu_budget=1.0, granularity="children")
+    options = dict(granularity="children")
+
+    def offload(m, budget):
+        if compiled:
+            c = spillway.compile(m, weights="offload", backend="eager", gpu_budget=budget,
+                                 **options)
+            return c, c.spillway_weights
+        return m, spillway.offload_weights(m, gpu_budget=budget, **options)
+
+    full, full_handle = offload(copy.deepcopy(model), 1.0)
     with torch.inference_mode():
         want = full(ids, use_cache=False).logits
-    full.spillway_weights.detach()
-    del full
+    full_handle.detach()
+    del full, full_handle
     _settled_pinned_bytes("cuda:0")
-    compiled = spillway.compile(model, weights="offload", backend="eager", gpu_budget=0.5,
-                                granularity="children")
-    handle, windows, between = compiled.spillway_weights, [], set()
+    run, handle = offload(model, 0.5)
+    windows, between = [], set()
     with torch.inference_mode():
         for k in range(503):
-            out = compiled(ids, use_cache=False).logits
+            out = run(ids, use_cache=False).logits
             if k % 50 == 0:
                 assert torch.equal(out, want), k
             del out
@@ -402,7 +410,7 @@ def test_cuda_five_hundred_compiled_calls_hold_gpu_and_pinned_memory_flat():
     assert len(between) == 1, between
     assert len(windows) == 10 and len(set(windows)) == 1, windows
     f = handle.forecast()
-    print(f"500 compiled calls: peak {windows[0] / 2**20:.1f} MiB every 50 calls, "
-          f"{between.pop()[1] / 2**20:.1f} MiB pinned; budget {f['budget_bytes'] / 2**20:.1f} "
-          f"MiB of weights, resident groups {f['resident']}")
+    print(f"500 {'compiled' if compiled else 'eager'} calls: peak {windows[0] / 2**20:.1f} MiB "
+          f"every 50 calls, {between.pop()[1] / 2**20:.1f} MiB pinned; budget "
+          f"{f['budget_bytes'] / 2**20:.1f} MiB of weights, resident groups {f['resident']}")
     handle.detach()
