@@ -371,13 +371,13 @@ def main() -> int:
                                   f"{r['logits_equal_resident']}" if "error" not in r
                                   else f"error {r['error'][-200:]}")
               + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-    text = _markdown(results, h2d, command)
+        text = _markdown(results, h2d, command)  # after each method: a cut run keeps them
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(
+                {"h2d_gbs": h2d, "command": command, "results": results}, indent=1))
+        if args.markdown:
+            pathlib.Path(args.markdown).write_text(text)
     print(text)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"h2d_gbs": h2d, "command": command, "results": results}, indent=1))
-    if args.markdown:
-        pathlib.Path(args.markdown).write_text(text)
     return 0 if all("error" not in r for r in results) else 1
 
 
