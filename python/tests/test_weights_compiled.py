@@ -206,8 +206,8 @@ class _Broken(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(self.Block(inside) for _ in range(4))
         self.head, self.between = torch.nn.Linear(32, 8), between
 
-    def forward(self, x):
-        for k, block in enumerate(self.blocks):
+    def forward(self, x, n: int = 4):
+        for k, block in enumerate(self.blocks[:n]):
             x = block(x)
             if self.between and k == 1:
                 torch._dynamo.graph_break()
@@ -239,6 +239,34 @@ def test_graph_breaks_stay_exact_and_one_call_prefetches_across_its_graphs(insid
         assert after["reloads"] - before["reloads"] == 4, (before, after)
         assert after["on_demand"] == before["on_demand"], (before, after)
         assert after["dropped_prefetches"] == before["dropped_prefetches"], (before, after)
+
+
+@pytest.mark.parametrize("granularity", ["block", "children"])
+def test_blocks_dynamo_runs_eagerly_inside_a_call_get_their_weights(granularity):
+    """Past Dynamo's recompile limit the model's frame runs eagerly: each group's module
+    then runs as offload_weights() runs it (its weights brought and bound for its
+    forward), bit-equal to the resident model; called outside the compiled model it is
+    still refused."""
+    torch.manual_seed(17)
+    model = _Broken(False, False).eval()
+    resident = copy.deepcopy(model)
+    compiled = spillway.compile(model, weights="offload", device="cpu", backend="eager",
+                                granularity=granularity, gpu_budget=0.6)
+    handle = compiled.spillway_weights
+    with torch.no_grad(), torch._dynamo.config.patch(cache_size_limit=1):
+        for k in range(8):
+            x, n = torch.randn(4, 32), [4, 2, 3, 4][k % 4]  # n != 4: past the limit
+            assert torch.equal(compiled(x, n), resident(x, n)), k
+            assert not handle._bound and not handle._held and not handle._live, k
+    assert handle.stats()["graphs"] == 1 and handle.stats()["calls"] == 8
+    for block in handle._blocks:  # the placeholders are back
+        assert all(p.untyped_storage().nbytes() == p.element_size() for p in block.params)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"called outside the compiled"):
+        model.blocks[1](torch.randn(4, 32))
+    with pytest.raises(RuntimeError, match=r"runs inference only"):
+        with torch._dynamo.config.patch(cache_size_limit=1):
+            compiled(torch.randn(4, 32), 3)
+    assert handle._depth == 0 and not handle._bound
 
 
 def test_five_hundred_compiled_calls_keep_pinned_memory_and_buffers_flat():

@@ -43,7 +43,11 @@ call prefetches along, and a group read by two graphs (a break inside a block)
 is brought twice, its copy prefetched for the second like any other. The code
 Dynamo runs between two graphs sees the parameters' placeholders (NaN): a
 break inside a block that reads a weight eagerly, rather than through a graph,
-computes on NaN, never on a stale value.
+computes on NaN, never on a stale value. A group's module that Dynamo runs
+eagerly within a call (its frame past the recompile limit, cache_size_limit)
+runs as offload_weights() runs it: a hook brings its weights and binds their
+views to its parameters until it ends, and a piece that reads them meanwhile
+finds them live. Outside a call of the compiled model a block is refused.
 
 Exactness: a piece computes what the same piece computes with the weights
 resident, so outputs are bit-equal to the model compiled the same way with
@@ -171,10 +175,8 @@ class PiecewiseExecutor:
             self._rebind(args)
         if torch.is_grad_enabled() and any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            raise RuntimeError(
-                "[weights] compiled weight offload runs inference only: call the model under "
-                "torch.no_grad() or torch.inference_mode() (autograd would record through "
-                "offloaded weights; spillway.offload_weights trains through them, eagerly)")
+            from spillway.weights.layerwise import _INFERENCE_ONLY
+            raise RuntimeError(_INFERENCE_ONLY)
         h._call_starts()
         try:
             return self._run(args, streaming=True)

@@ -177,6 +177,7 @@ class LayerwiseWeights:
         self._following: dict[int, int] = {}  # block -> the block after it in that order
         self._observed: list[int] = []   # this call's so far
         self._held: set[int] = set()     # compiled: live past their graph (_end_of_graph)
+        self._bound: set[int] = set()    # compiled: run eagerly by Dynamo (_eager_start)
         self._depth = 0                  # model calls in progress (re-entrant calls)
         self._hooks: list = []
         self._mutating = False
@@ -302,6 +303,12 @@ class LayerwiseWeights:
         if self._compiled:
             for module, path in zip(self._modules, self.blocks):
                 self._hooks.append(module.register_forward_pre_hook(self._outside(path)))
+            for block in self._blocks:
+                if block.slots:
+                    self._hooks.append(block.module.register_forward_pre_hook(
+                        self._eager_start(block.index)))
+                    self._hooks.append(block.module.register_forward_hook(
+                        self._eager_end(block.index), always_call=True))
             return
         self._hooks.append(self.model.register_forward_pre_hook(self._on_model_start))
         self._hooks.append(self.model.register_forward_hook(self._on_model_end,
@@ -328,7 +335,7 @@ class LayerwiseWeights:
             self._observed = []
             if self._planner is not None:
                 self._planner.call_starts()
-            if not self._mutating:
+            if not self._mutating and not self._compiled:
                 self._backward.call_starts()
         self._depth += 1
 
@@ -349,20 +356,56 @@ class LayerwiseWeights:
                     self._apply(plan, prime=True)
 
     def _outside(self, path: str):
-        """Compiled: a block run by anything but the executor's pieces (the model called
+        """Compiled: a block run outside a call of the compiled model (the model called
         without its compiled wrapper) would compute on placeholders. Dynamo traces the
         hook as nothing (is_compiling() is constant there)."""
         def hook(module, args):
-            if torch.compiler.is_compiling() or self._mutating or self._detached:
+            if (torch.compiler.is_compiling() or self._mutating or self._detached
+                    or self._depth > 0):
                 return
             raise RuntimeError(
                 f"[weights] {path} was called outside the compiled model: its weights are "
                 f"on the host for spillway.compile(weights='offload'), and its parameters "
                 f"hold placeholders. Call the module spillway.compile returned, or put the "
                 f"weights on the device with its spillway_weights.mutate_weights() or "
-                f"detach(). If you did call it, torch.compile ran the block eagerly: a "
-                f"graph break inside the block, or Dynamo's recompile limit "
-                f"(torch._dynamo.config.cache_size_limit) reached")
+                f"detach()")
+        return hook
+
+    def _eager_start(self, index: int):
+        """Compiled: Dynamo runs the group's module eagerly inside a call of the compiled
+        model (its frame skipped: the recompile limit reached, or code Dynamo does not
+        trace). It runs as offload_weights() runs it: its weights come to the device and
+        its parameters hold their views until it ends; a piece that reads them meanwhile
+        finds them live. Traced, the hook is nothing."""
+        def hook(module, args):
+            if (torch.compiler.is_compiling() or self._mutating or self._detached
+                    or index in self._bound):
+                return
+            block = self._blocks[index]
+            if self._depth == 0:
+                raise RuntimeError(
+                    f"[weights] {block.path} was called outside the compiled model: its "
+                    f"weights are on the host for spillway.compile(weights='offload'), and "
+                    f"its parameters hold placeholders. Call the module spillway.compile "
+                    f"returned, or put the weights on the device with its "
+                    f"spillway_weights.mutate_weights() or detach()")
+            if torch.is_grad_enabled() and any(p.requires_grad for p in block.params):
+                raise RuntimeError(_INFERENCE_ONLY)
+            self._bring(index)
+            self._bound.add(index)
+            for p, view in zip(block.params, block.views(self._device_copy(index))):
+                p.data = view
+        return hook
+
+    def _eager_end(self, index: int):
+        def hook(module, args, output):
+            if index not in self._bound or torch.compiler.is_compiling():
+                return
+            self._bound.discard(index)
+            block = self._blocks[index]
+            for p, placeholder in zip(block.params, block.placeholders):
+                p.data = placeholder
+            self._release(index)
         return hook
 
     def _pre_hook(self, index: int):
@@ -394,6 +437,8 @@ class LayerwiseWeights:
         the device until then instead of being copied again; a wrong guess costs only
         the time they are held (released at the next bring of another group)."""
         k = len(self._observed)
+        if index in self._bound:  # its eager run releases it
+            return
         if index in self._live and k < len(self._order) and self._order[k] == index:
             self._held.add(index)
         else:
@@ -444,6 +489,8 @@ class LayerwiseWeights:
         self._fill(index)
 
     def _release(self, index: int) -> None:
+        if index in self._bound:  # compiled: its eager run (_eager_start) ends it
+            return
         if self._planner is not None and self._planner.profiling:
             self._planner.mark("end", index)
         buffer = self._live.pop(index, None)
@@ -917,6 +964,13 @@ def _attach(model: nn.Module, blocks, prefetch, gpu_budget, device, device_profi
     _HANDLES[model] = weakref.ref(handle)
     return handle
 
+
+# The compiled executor's refusal of a call that autograd would record through offloaded
+# weights (compiled.py, and a group Dynamo runs eagerly: _eager_start).
+_INFERENCE_ONLY = (
+    "[weights] compiled weight offload runs inference only: call the model under "
+    "torch.no_grad() or torch.inference_mode() (autograd would record through offloaded "
+    "weights; spillway.offload_weights trains through them, eagerly)")
 
 # The attached handle of each model, weakly (the model's hooks hold the handle).
 _HANDLES: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
