@@ -85,9 +85,13 @@ class Backward:
         """The group's weights are views of `buffer` for its forward."""
         self.groups_by_storage[buffer.untyped_storage().data_ptr()] = index
         self.order.append(index)
-        block = self.handle._blocks[index]
+        self.pending[index] = self.pending.get(index, 0) + self.hook(index)
+
+    def hook(self, index: int) -> int:
+        """Hooks the AccumulateGrad node of each of the group's parameters that requires
+        grad (once); returns how many there are."""
         trained = 0
-        for slot, p in enumerate(block.params):
+        for slot, p in enumerate(self.handle._blocks[index].params):
             if not p.requires_grad:
                 continue
             trained += 1
@@ -97,7 +101,7 @@ class Backward:
                 handles = (node.register_prehook(self._before_accumulate(index, slot)),
                            p.register_post_accumulate_grad_hook(self._after_accumulate(index, slot)))
                 self.hooked[id(p)] = (node, handles)
-        self.pending[index] = self.pending.get(index, 0) + trained
+        return trained
 
     def released(self, buffer: torch.Tensor) -> None:
         if self.groups_by_storage:  # empty unless a call records autograd (inference: no cost)
@@ -133,6 +137,9 @@ class Backward:
         buffer = self.back.get(index)
         if buffer is not None:
             return buffer
+        resident = self.handle._resident.get(index)
+        if resident is not None:  # compiled: a resident group's references
+            return resident
         host = self.handle._blocks[index].host
         stats = self.handle._stats
         buffer = self.ahead.pop(index, None)
@@ -167,9 +174,13 @@ class Backward:
     def _before_accumulate(self, index: int, slot: int):
         def hook(grad_outputs):
             h = self.handle
-            if index in h._resident or index in h._live or h._mutating:
+            if index in h._live or h._mutating:
                 return None  # the parameter holds its weights already
             p = h._blocks[index].params[slot]
+            if index in h._resident:
+                if h._compiled:  # its parameters hold placeholders between pieces
+                    p.data = h._blocks[index].views(h._resident[index])[slot]
+                return None
             p.data = h._blocks[index].views(self.buffer(index))[slot]
             return None
         return hook
@@ -177,7 +188,11 @@ class Backward:
     def _after_accumulate(self, index: int, slot: int):
         def hook(p):
             h = self.handle
-            if index in h._resident or index in h._live or h._mutating:
+            if index in h._live or h._mutating:
+                return
+            if index in h._resident:
+                if h._compiled:
+                    p.data = h._blocks[index].placeholders[slot]
                 return
             p.data = h._blocks[index].placeholders[slot]
             self.pending[index] = self.pending.get(index, 1) - 1

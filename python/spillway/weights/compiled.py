@@ -56,8 +56,14 @@ the whole graph, fp32 results are equal; in 16-bit types Inductor may fuse
 across a piece boundary (a residual add into the next norm) and keep the value
 in fp32 where the piece stores it rounded, so the last bits may differ.
 
-Inference only: a call with autograd recording through offloaded weights is
-refused (offload_weights() trains through offloaded weights, eagerly).
+Training: with autograd recording, each piece gets the parameters themselves,
+which hold their group's device views for the piece (placeholders again after
+it), so the piece's compiled backward (AOTAutograd's, with Inductor) produces
+their gradients, accumulated into .grad. What the pieces save of the weights
+is packed as references by the handle's saved_tensors_hooks, and backward
+brings the groups back in reverse order one ahead, as for offload_weights()
+(Note [Weights in backward] in _training.py); a resident group's references
+resolve to its resident buffer. The optimizer steps inside mutate_weights().
 """
 from __future__ import annotations
 
@@ -173,13 +179,11 @@ class PiecewiseExecutor:
             return self._run(args, streaming=False)
         if self._stale(args):
             self._rebind(args)
-        if torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            from spillway.weights.layerwise import _INFERENCE_ONLY
-            raise RuntimeError(_INFERENCE_ONLY)
+        training = torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args)
         h._call_starts()
         try:
-            return self._run(args, streaming=True)
+            return self._run(args, streaming=True, training=training)
         finally:
             h._call_ends()
 
@@ -194,7 +198,7 @@ class PiecewiseExecutor:
         self.expected = {i: args[i] for i in self.weights}
         self._bind_weights()
 
-    def _run(self, args, streaming: bool):
+    def _run(self, args, streaming: bool, training: bool = False):
         h = self.handle
         env: dict[fx.Node, object] = {}
         left = dict(self.uses)
@@ -210,14 +214,20 @@ class PiecewiseExecutor:
                 if streaming:
                     for group in piece.groups:
                         h._bring(group)
-                        views[group] = _as_parameters(h._blocks[group],
-                                                      h._device_copy(group))
+                        block = h._blocks[group]
+                        if training:  # the parameters themselves: their gradients
+                            h._train_through(group)
+                            views[group] = block.params
+                        else:
+                            views[group] = _as_parameters(block, h._device_copy(group))
                 inputs = [env[arg] if group is None or not streaming else views[group][slot]
                           for arg, group, slot in piece.inputs]
                 env[node] = self._compiled(piece, inputs)(*inputs)
                 del inputs, views
                 if streaming:
                     for group in piece.groups:
+                        if training:
+                            h._untrain(group)
                         if group in piece.last:
                             h._end_of_graph(group)
                         else:
@@ -234,8 +244,9 @@ class PiecewiseExecutor:
         raise RuntimeError("[weights] compiled: the cut graph has no output")
 
     def _compiled(self, piece: _Piece, inputs: list):
-        key = tuple((tuple(x.shape), x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor)
-                    else (type(x), x) for x in inputs)
+        key = (torch.is_grad_enabled(),) + tuple(
+            (tuple(x.shape), x.stride(), x.dtype, x.device, x.requires_grad)
+            if isinstance(x, torch.Tensor) else (type(x), x) for x in inputs)
         fn = piece.compiled.get(key)
         if fn is None:
             fn = self.backend(piece.module, list(inputs))

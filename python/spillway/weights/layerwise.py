@@ -335,7 +335,7 @@ class LayerwiseWeights:
             self._observed = []
             if self._planner is not None:
                 self._planner.call_starts()
-            if not self._mutating and not self._compiled:
+            if not self._mutating:
                 self._backward.call_starts()
         self._depth += 1
 
@@ -389,12 +389,9 @@ class LayerwiseWeights:
                     f"its parameters hold placeholders. Call the module spillway.compile "
                     f"returned, or put the weights on the device with its "
                     f"spillway_weights.mutate_weights() or detach()")
-            if torch.is_grad_enabled() and any(p.requires_grad for p in block.params):
-                raise RuntimeError(_INFERENCE_ONLY)
             self._bring(index)
             self._bound.add(index)
-            for p, view in zip(block.params, block.views(self._device_copy(index))):
-                p.data = view
+            self._bind(block, block.views(self._device_copy(index)), force=True)
         return hook
 
     def _eager_end(self, index: int):
@@ -403,8 +400,7 @@ class LayerwiseWeights:
                 return
             self._bound.discard(index)
             block = self._blocks[index]
-            for p, placeholder in zip(block.params, block.placeholders):
-                p.data = placeholder
+            self._bind(block, block.placeholders, force=True)
             self._release(index)
         return hook
 
@@ -502,13 +498,35 @@ class LayerwiseWeights:
         del buffer  # back to the caching allocator, in the compute stream's order
         self._fill(index)
 
-    def _bind(self, block: _Block, tensors: list[torch.Tensor]) -> None:
+    def _bind(self, block: _Block, tensors: list[torch.Tensor], force: bool = False) -> None:
         """The block's parameters hold `tensors` (its weights' device views, or its
-        placeholders). Not for the compiled executor, which passes the views to its pieces
-        and leaves the parameters as they are."""
-        if not self._compiled:
+        placeholders). The compiled executor passes the views to its pieces and leaves
+        the parameters as they are, unless it binds them (force: a piece that trains, a
+        group Dynamo runs eagerly)."""
+        if force or not self._compiled:
             for p, t in zip(block.params, tensors):
                 p.data = t
+
+    def _train_through(self, index: int) -> None:
+        """Compiled, a piece that trains: the group's parameters hold its device views
+        for the piece, so autograd records them and their gradients reach them (Note
+        [Weights in backward]); a resident group's buffer is known to the packing too,
+        since its parameters hold placeholders again after the piece."""
+        block = self._blocks[index]
+        if index in self._resident:
+            buffer = self._resident[index]
+            self._backward.groups_by_storage[buffer.untyped_storage().data_ptr()] = index
+            self._backward.hook(index)
+        if index not in self._bound:
+            self._bind(block, block.views(self._device_copy(index)), force=True)
+
+    def _untrain(self, index: int) -> None:
+        """After the piece: the placeholders again; what the piece saved is packed."""
+        if index in self._resident:
+            buffer = self._resident[index]
+            self._backward.groups_by_storage.pop(buffer.untyped_storage().data_ptr(), None)
+        if index not in self._bound:
+            self._bind(self._blocks[index], self._blocks[index].placeholders, force=True)
 
     def _where_of_params(self) -> dict[int, tuple[int, int]]:
         """id(parameter) -> (its group, its slot), for every offloaded parameter."""
@@ -964,13 +982,6 @@ def _attach(model: nn.Module, blocks, prefetch, gpu_budget, device, device_profi
     _HANDLES[model] = weakref.ref(handle)
     return handle
 
-
-# The compiled executor's refusal of a call that autograd would record through offloaded
-# weights (compiled.py, and a group Dynamo runs eagerly: _eager_start).
-_INFERENCE_ONLY = (
-    "[weights] compiled weight offload runs inference only: call the model under "
-    "torch.no_grad() or torch.inference_mode() (autograd would record through offloaded "
-    "weights; spillway.offload_weights trains through them, eagerly)")
 
 # The attached handle of each model, weakly (the model's hooks hold the handle).
 _HANDLES: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
