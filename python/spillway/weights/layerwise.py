@@ -396,7 +396,7 @@ class LayerwiseWeights:
 
     def _eager_end(self, index: int):
         def hook(module, args, output):
-            if index not in self._bound or torch.compiler.is_compiling():
+            if torch.compiler.is_compiling() or index not in self._bound:
                 return
             self._bound.discard(index)
             block = self._blocks[index]
