@@ -730,7 +730,8 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     or (weights="offload") with the model's block weights on the host.
 
     weights="offload": the compiled piecewise executor (Note [Piecewise executor] in
-    python/spillway/weights/compiled.py), for inference. Each block's weights (an entry
+    python/spillway/weights/compiled.py), for inference and training (the optimizer
+    steps inside the handle's mutate_weights()). Each block's weights (an entry
     of the model's largest nn.ModuleList, or of `blocks`; with granularity="children"
     each direct child of a block) live in a pinned host slab; every graph Dynamo
     captures is cut into pieces at group boundaries, each piece compiled by `backend`
@@ -744,7 +745,7 @@ def compile(model_or_fn: Any, *, memory_budget: Any = None, allow_offload: bool 
     runs (None: the current CUDA device; "cpu": the fake copy backend, for tests). The
     returned module's `spillway_weights` is the handle (forecast(), stats(),
     mutate_weights(), state_dict(), detach()). Not combined with activation offload
-    (memory_budget, scope) yet; a call with autograd recording is refused.
+    (memory_budget, scope) yet.
 
     memory_budget: the peak device memory the step may use: bytes (int), a
     string ("12GiB", "800MiB"), or a fraction of the no-offload peak (0.6,
