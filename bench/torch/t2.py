@@ -5,7 +5,8 @@
     python3 bench/torch/t2.py --tiny --device cpu --method resident --method spillway
 
 A Llama-style model (hidden 4096, MLP 11008, 8 layers, 32 heads, vocab 32000, bf16:
-3.5 GiB of weights) built on the CPU from a fixed seed, one prompt of 2048 tokens,
+3.5 GiB of weights) built on the CPU from a fixed seed (once: later methods' processes
+load it from --cache), one prompt of 2048 tokens,
 forward only (inference_mode, use_cache=False). Methods (each in its own process,
 so its memory and host RSS are its own):
 
@@ -86,18 +87,37 @@ def _parse(spec: str) -> tuple[str, dict]:
     return name, options
 
 
-def _build(shape: dict, dtype):
+def _build(shape: dict, dtype, cache: str | None = None):
+    """The model and the prompt. With `cache` (a directory), the first process to build a
+    shape saves the whole built module there and later ones load it: the random
+    initialisation of 1.75 G parameters on the CPU took ~45 s of each method's process."""
+    import hashlib
+
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(
-        hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
-        num_hidden_layers=shape["num_hidden_layers"],
-        num_attention_heads=shape["num_attention_heads"],
-        num_key_value_heads=shape["num_key_value_heads"], vocab_size=shape["vocab_size"],
-        max_position_embeddings=max(4096, shape["seq"]), attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    path = None
+    if cache:
+        model_shape = {k: v for k, v in shape.items() if k != "batch"}
+        key = hashlib.sha1(repr((sorted(model_shape.items()), str(dtype),
+                                 transformers.__version__)).encode()).hexdigest()[:16]
+        path = pathlib.Path(cache) / f"t2-model-{key}.pt"
+    if path is not None and path.exists():
+        model = torch.load(path, weights_only=False)
+    else:
+        config = transformers.LlamaConfig(
+            hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
+            num_hidden_layers=shape["num_hidden_layers"],
+            num_attention_heads=shape["num_attention_heads"],
+            num_key_value_heads=shape["num_key_value_heads"], vocab_size=shape["vocab_size"],
+            max_position_embeddings=max(4096, shape["seq"]), attn_implementation="sdpa")
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            torch.save(model, partial)
+            partial.replace(path)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, shape["vocab_size"], (shape.get("batch", 1), shape["seq"]),
                         generator=gen)
@@ -174,7 +194,7 @@ def run_one(spec: str, args) -> dict:
     if cuda:
         torch.backends.cudnn.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
-    model, ids = _build(shape, dtype)
+    model, ids = _build(shape, dtype, args.cache)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     t0 = time.perf_counter()
     handle, moved = _apply(name, options, model, args.device)
@@ -325,6 +345,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1, help="prompts per call")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per method")
     parser.add_argument("--work", default="/tmp/spillway-t2")
+    parser.add_argument("--cache", default="/tmp/spillway-t2-models",
+                        help="where the built model is kept for the next method's process "
+                             "(the same shape, dtype and transformers); '' builds each time")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -354,7 +377,7 @@ def main() -> int:
     for spec in methods:
         child = [sys.executable, __file__, "--one", spec, "--calls", str(args.calls),
                  "--warmup", str(args.warmup), "--device", args.device, "--dtype", args.dtype,
-                 "--work", args.work, "--batch", str(args.batch)] + (["--tiny"] if args.tiny else [])
+                 "--work", args.work, "--cache", args.cache, "--batch", str(args.batch)] + (["--tiny"] if args.tiny else [])
         t0 = time.perf_counter()
         try:
             done = subprocess.run(child, env=env, capture_output=True, text=True,
