@@ -115,7 +115,7 @@ def _build(shape: dict, dtype, cache: str | None = None):
         model = transformers.LlamaForCausalLM(config).to(dtype).eval()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".partial")
+            partial = path.with_suffix(f".{os.getpid()}.partial")  # then one atomic rename
             torch.save(model, partial)
             partial.replace(path)
     gen = torch.Generator().manual_seed(1)

@@ -441,7 +441,9 @@ def test_a_parameter_shared_with_the_outside_stays_resident():
 
 def test_the_t2_benchmark_runs_and_checks_its_logits(tmp_path):
     """bench/torch/t2.py on a tiny model on CPU: each method in its own process, the
-    offloaded logits torch.equal to the resident ones (the GPU run's check)."""
+    offloaded logits torch.equal to the resident ones (the GPU run's check). The resident
+    method runs first and builds the model; the other loads it from the cache, so the
+    equal logits also show the cached model is the built one."""
     import json
     import pathlib
     import subprocess
@@ -452,12 +454,14 @@ def test_the_t2_benchmark_runs_and_checks_its_logits(tmp_path):
     done = subprocess.run(
         [sys.executable, str(root / "bench/torch/t2.py"), "--tiny", "--device", "cpu",
          "--method", "spillway:prefetch=2", "--method", "resident", "--calls", "2",
-         "--warmup", "1", "--work", str(tmp_path), "--json", str(out)],
+         "--warmup", "1", "--work", str(tmp_path), "--cache", str(tmp_path / "models"),
+         "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     results = {r["method"]: r for r in json.loads(out.read_text())["results"]}
     assert results["spillway:prefetch=2"]["logits_equal_resident"] is True
     assert results["spillway:prefetch=2"]["spillway"]["blocks"] == 4
+    assert len(list((tmp_path / "models").glob("t2-model-*.pt"))) == 1
 
 
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and ops.cuda_built()),
