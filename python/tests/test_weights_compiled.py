@@ -396,12 +396,7 @@ def test_cuda_compiled_offload_is_exact_and_holds_few_blocks():
             want = [full(ids.roll(k, 1), use_cache=False).logits for k in range(4)]
         full.spillway_weights.detach()
         del full, full_model
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated()
-        compiled = spillway.compile(model, weights="offload")
-        handle = compiled.spillway_weights
-        block = handle.stats()["bytes_host"] / 8
-        rest = torch.cuda.memory_allocated() - base
+        compiled, handle, block, base, rest = _compile_streamed(model, blocks=8)
         with torch.inference_mode():
             # Compiles. Its input made under inference_mode as the calls' below are: Dynamo
             # guards on it, and an ordinary tensor here compiled a second graph (H100).
@@ -520,12 +515,7 @@ def test_cuda_compiled_training_through_offloaded_weights_is_bit_exact_and_holds
             _sgd(full.spillway_weights, full_model)
         full.spillway_weights.detach()
         del full, full_model
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated()
-        compiled = spillway.compile(model, weights="offload")
-        handle = compiled.spillway_weights
-        block = handle.stats()["bytes_host"] / 6
-        rest = torch.cuda.memory_allocated() - base
+        compiled, handle, block, base, rest = _compile_streamed(model, blocks=6)
         for step in range(3):
             torch.cuda.reset_peak_memory_stats()
             loss = compiled(ids.roll(step, 1), labels=ids.roll(step, 1), use_cache=False).loss
@@ -544,6 +534,18 @@ def test_cuda_compiled_training_through_offloaded_weights_is_bit_exact_and_holds
         s = handle.stats()
         assert s["backward_on_demand"] <= 3, s
         handle.detach()
+
+
+def _compile_streamed(model, blocks: int):
+    """spillway.compile(model, weights="offload") with every block streamed, once the
+    caller has let the all-resident reference go: (the compiled model, its handle, one
+    block's bytes, the bytes allocated before, what the compile holds resident)."""
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    compiled = spillway.compile(model, weights="offload")
+    handle = compiled.spillway_weights
+    block = handle.stats()["bytes_host"] / blocks
+    return compiled, handle, block, base, torch.cuda.memory_allocated() - base
 
 
 def _sgd(handle, model, lr=1e-2):
