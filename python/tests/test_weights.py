@@ -354,6 +354,43 @@ def test_frozen_offloaded_weights_pass_gradients_to_the_input_and_an_adapter():
     assert handle.stats()["backward_reloads"] > 0
 
 
+@pytest.mark.parametrize("options", [{}, {"gpu_budget": 0.5}], ids=["streamed", "budget"])
+def test_an_optimizer_step_outside_mutate_weights_is_refused_and_changes_nothing(options):
+    """optimizer.step() over offloaded weights outside mutate_weights() would update
+    placeholders (or a resident group's buffer behind its host slab): refused by name
+    before anything changes, the resident parameters and the optimizer's state included;
+    the same step inside mutate_weights() then gives the resident model's weights. An
+    optimizer over other parameters only (an adapter) is not refused; after detach()
+    nothing is."""
+    model = _dit(21)
+    resident = copy.deepcopy(model)
+    handle = spillway.offload_weights(model, device="cpu", **options)
+    x, t = _dit_inputs(3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(resident.parameters(), lr=1e-2)
+    model(x, t).square().mean().backward()
+    resident(x, t).square().mean().backward()
+    before = handle.state_dict()  # the offloaded values read from their slabs
+    with pytest.raises(RuntimeError, match=r"AdamW.step\(\) would update blocks\.0\..*"
+                                           r"outside mutate_weights\(\).*Nothing was changed"):
+        opt.step()
+    assert not opt.state
+    for name, value in handle.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    with handle.mutate_weights():
+        opt.step()
+    ref_opt.step()
+    want = resident.state_dict()
+    for name, value in handle.state_dict().items():
+        assert torch.equal(value, want[name]), name
+    with torch.no_grad():
+        assert torch.equal(model(x, t), resident(x, t))
+    adapter = torch.optim.SGD(model.out.parameters(), lr=1e-2)
+    adapter.step()  # not an offloaded weight: runs
+    handle.detach()
+    opt.step()  # an ordinary model again
+
+
 def test_exhausted_pinned_memory_names_the_block_and_leaves_the_model_as_it_was():
     model = _dit(7)
     resident = copy.deepcopy(model)

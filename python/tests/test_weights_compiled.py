@@ -176,6 +176,13 @@ def test_misuse_is_refused_with_the_values_kept():
     with torch.inference_mode():
         assert torch.equal(compiled(ids, use_cache=False).logits,
                            resident(ids, use_cache=False).logits)
+    # An optimizer's step outside mutate_weights() would write into the placeholders.
+    compiled(ids, labels=ids, use_cache=False).loss.backward()
+    with pytest.raises(RuntimeError, match=r"SGD\.step\(\) would update model\.layers\.0\."
+                                           r".*spillway_weights.*Nothing was changed"):
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert torch.isnan(model.model.layers[0].mlp.up_proj.weight).all()
+    assert torch.equal(model.lm_head.weight, resident.lm_head.weight)
     # The same model offloaded twice.
     with pytest.raises(ValueError, match=r"offloaded already"):
         spillway.compile(model, weights="offload", device="cpu")

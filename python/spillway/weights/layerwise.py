@@ -95,6 +95,28 @@ class _Slot:
     shape: tuple[int, ...]
 
 
+# The attached handles an optimizer's step asks first (LayerwiseWeights._check_step),
+# through one pre-hook on every optimizer's step (torch's global one), registered once:
+# a hook per handle removed as its handle dies could change torch's hook dict while a
+# step iterates over it.
+_STEP_GUARDED: "weakref.WeakSet[LayerwiseWeights]" = weakref.WeakSet()
+_step_guard = None
+
+
+def _guard_steps(handle: "LayerwiseWeights") -> None:
+    global _step_guard
+    if _step_guard is None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        def pre_hook(optimizer, args, kwargs):
+            for live in list(_STEP_GUARDED):
+                live._check_step(optimizer)
+            return None
+
+        _step_guard = register_optimizer_step_pre_hook(pre_hook)
+    _STEP_GUARDED.add(handle)
+
+
 def _placeholder(dtype: torch.dtype, ndim: int, device: torch.device) -> torch.Tensor:
     """An empty tensor of the parameter's dtype and rank (rank 1 for a scalar)."""
     return torch.empty((0,) * max(ndim, 1), dtype=dtype, device=device)
@@ -300,6 +322,7 @@ class LayerwiseWeights:
     # ---- hooks ------------------------------------------------------------------
 
     def _install_hooks(self) -> None:
+        _guard_steps(self)
         if self._compiled:
             for module, path in zip(self._modules, self.blocks):
                 self._hooks.append(module.register_forward_pre_hook(self._outside(path)))
@@ -354,6 +377,26 @@ class LayerwiseWeights:
                 plan = self._planner.call_ends()
                 if plan is not None:
                     self._apply(plan, prime=True)
+
+    def _check_step(self, optimizer) -> None:
+        """Before any optimizer's step: one that would update offloaded weights outside
+        mutate_weights() is refused before it changes anything. Their parameters hold
+        placeholders between calls (or a resident group's device buffer, whose host slab
+        would go stale), so the update would fail half done or be lost."""
+        if self._mutating or self._detached:
+            return
+        mine = {id(param): f"{block.path}.{slot.name}" if block.path else slot.name
+                for block in self._blocks if block.slots
+                for slot, param in zip(block.slots, block.params)}
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) in mine:
+                    raise RuntimeError(
+                        f"[weights] {type(optimizer).__name__}.step() would update "
+                        f"{mine[id(param)]}, whose weights are offloaded to the host, outside "
+                        f"mutate_weights(): step inside `with handle.mutate_weights(): "
+                        f"optimizer.step()` (for spillway.compile, its spillway_weights). "
+                        f"Nothing was changed")
 
     def _outside(self, path: str):
         """Compiled: a block run outside a call of the compiled model (the model called
@@ -656,6 +699,7 @@ class LayerwiseWeights:
         self._backward.remove()
         for hook in self._hooks:
             hook.remove()
+        _STEP_GUARDED.discard(self)
         self._hooks, self._blocks, self._detached = [], [], True
         _HANDLES.pop(self.model, None)
 
