@@ -155,6 +155,10 @@ class _Block:
     def nbytes(self) -> int:
         return self.host.numel()
 
+    def qualified(self, slot: _Slot) -> str:
+        """The parameter's name in the model (its state_dict key)."""
+        return f"{self.path}.{slot.name}"
+
     def parameter(self, name: str) -> nn.Parameter:
         owner, attr = _owner(self.module, name)
         return owner._parameters[attr]
@@ -385,8 +389,7 @@ class LayerwiseWeights:
         would go stale), so the update would fail half done or be lost."""
         if self._mutating or self._detached:
             return
-        mine = {id(param): f"{block.path}.{slot.name}" if block.path else slot.name
-                for block in self._blocks if block.slots
+        mine = {id(param): block.qualified(slot) for block in self._blocks
                 for slot, param in zip(block.slots, block.params)}
         for group in optimizer.param_groups:
             for param in group["params"]:
@@ -725,7 +728,7 @@ class LayerwiseWeights:
             return out
         for block in self._blocks:
             for slot, view in zip(block.slots, block.views(block.host)):
-                out[f"{block.path}.{slot.name}"] = view.clone()
+                out[block.qualified(slot)] = view.clone()
         return out
 
     def stats(self) -> dict:
