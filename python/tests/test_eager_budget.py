@@ -142,7 +142,7 @@ def _budget_ctx(work, budget, **kwargs):
 def _reachable_range(work, **kwargs) -> tuple[int, int]:
     """(smallest reachable peak, peak without offload) of work's block graph, in bytes."""
     plan = _run(work, _budget_ctx(work, 1.0, **kwargs), steps=2, seed=7).plan
-    baseline = plan.forecast()["baseline_peak_bytes"]
+    baseline = plan.forecast()["graph_baseline_peak_bytes"]
     # A budget at or above the baseline plans nothing and reports no smallest peak.
     below = json.loads(_C.plan_memory_budget(json.dumps(plan.graph), baseline - 1,
                                              **plan._options))
@@ -887,6 +887,104 @@ def test_the_measured_eager_plans_are_made_again_unchanged():
         assert result is not None, record["method"]
         assert replay_eager_plan.same_forecast(result, record["method_stats"]["forecast"]), (
             record["method"], result["forecast"], record["method_stats"]["forecast"])
+
+
+def _saved_per_block(model, ids) -> tuple[list[int], list[bool]]:
+    """(bytes, whether the block's hidden-state input is among them) of the storages
+    autograd saves in each decoder layer of a plain step, the layer's inputs aside."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    layers, current = list(model.model.layers), [None]
+    params = {StorageWeakRef(p.untyped_storage()) for p in model.parameters()}
+    saved: list[dict] = [{} for _ in layers]
+    inputs: list[set] = [set() for _ in layers]
+    first: list = [None] * len(layers)
+
+    def pre(k):
+        def hook(module, args, kwargs):
+            current[0] = k
+            tensors = [*args, *kwargs.values(), *(kwargs.get("position_embeddings") or ())]
+            inputs[k] = {StorageWeakRef(t.untyped_storage()) for t in tensors
+                         if torch.is_tensor(t)}
+            first[k] = StorageWeakRef(args[0].untyped_storage())
+        return hook
+
+    handles = [layer.register_forward_pre_hook(pre(k), with_kwargs=True)
+               for k, layer in enumerate(layers)]
+    handles += [layer.register_forward_hook(lambda *_: current.__setitem__(0, None))
+                for layer in layers]
+
+    def pack(t):
+        key = StorageWeakRef(t.untyped_storage())
+        if current[0] is not None and key not in params:
+            saved[current[0]][key] = t.untyped_storage().nbytes()
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(ids, labels=ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return ([sum(n for key, n in s.items() if key not in inputs[k]) for k, s in enumerate(saved)],
+            [first[k] in s for k, s in enumerate(saved)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_kept_block_is_forecast_holding_what_autograd_saves(dtype):
+    """Note [What a kept block holds]: the profile counts what the recipes hold apart
+    (extra_bytes) and whether autograd saves the block's input. A plain step's saved
+    storages per layer are saved_bytes - extra_bytes; a bf16 Llama layer does not save
+    its input (its RMSNorm saves the float copy), an fp32 one does (the copy is the
+    input). The forecast peak of an all-kept plan leaves out, against the graph's, the
+    input and extras of every block that does not save its input and nothing else."""
+    model, ids = tiny_llama(0, dtype=dtype, layers=3, hidden=128, heads=4, kv_heads=4,
+                            vocab=256, seq=64)
+    plain, saves_input = _saved_per_block(model, ids)
+
+    class Work:
+        def __init__(self):
+            self.model = model
+
+        def loss(self):
+            return model(ids, labels=ids, use_cache=False).loss
+
+    ctx = _run(Work(), _budget_ctx(Work(), 1.0), steps=2)
+    calls = ctx.plan.profile.calls
+    assert [c.saves_input for c in calls] == saves_input == [dtype == torch.float32] * 3
+    assert [c.saved_bytes - c.extra_bytes for c in calls] == plain
+    hidden = ids.numel() * 128 * dtype.itemsize
+    assert all(c.cheap_bytes > 0 for c in calls)
+    assert [c.extra_bytes for c in calls] == [hidden if dtype == torch.bfloat16 else 0] * 3
+    forecast = ctx.plan.forecast()
+    phantom = 0 if dtype == torch.float32 else sum(c.input_bytes + c.extra_bytes for c in calls)
+    assert forecast["graph_baseline_peak_bytes"] - forecast["baseline_peak_bytes"] == phantom
+    assert forecast["graph_peak_bytes"] - forecast["peak_bytes"] == phantom
+
+
+def test_as_run_peak_takes_out_only_what_a_block_that_rebuilds_nothing_lets_go():
+    from spillway.activations._budget_graph import BlockCall, StepProfile, as_run_peak
+
+    mib = 1 << 20
+    calls = [BlockCall(block=k, path=f"layers.{k}", input_bytes=64 * mib, extra_bytes=8 * mib,
+                       saves_input=False) for k in range(4)]
+    names = ["pre_output", *(f"b{k}_{part}" for k in range(4) for part in ("forward", "output")),
+             "post_backward", *(f"b{k}_backward" for k in reversed(range(4)))]
+    timeline = [{"name": n, "live_bytes": 1000 * mib} for n in names]
+    decisions = {"b0_forward": "recompute", "b1_cheap": "recompute", "b1_output": "offload",
+                 "b3_forward": "offload"}
+    # b0 and b1 rebuild in backward; b2's input (b1_output) is offloaded, its extras not
+    # (S_2 kept); b3 keeps its input, its extras left the device with S_3.
+    peak, node = as_run_peak(timeline, decisions, StepProfile(calls=calls))
+    assert (peak, node) == (1000 * mib, "pre_output")
+    timeline[names.index("post_backward")]["live_bytes"] = 2000 * mib
+    assert as_run_peak(timeline, decisions, StepProfile(calls=calls)) == (
+        (2000 - 8 - 64) * mib, "post_backward")
+    assert as_run_peak(timeline, {}, StepProfile(calls=calls)) == (
+        (2000 - 4 * 72) * mib, "post_backward")
+    unmeasured = [BlockCall(block=k, path=f"layers.{k}", input_bytes=64 * mib) for k in range(4)]
+    assert as_run_peak(timeline, {}, StepProfile(calls=unmeasured)) == (2000 * mib,
+                                                                         "post_backward")
 
 
 def test_each_stretch_of_the_step_is_calibrated_where_it_peaks():

@@ -42,12 +42,23 @@ block whose saved input goes to host memory; X_-1 too, block 0's input) and H
 rebuilt on its own. b{k}_forward is deterministic as far as the planner is
 concerned: torch.utils.checkpoint replays the RNG state.
 
+Note [What a kept block holds]. S_k excludes the storages of the block's
+tensor inputs and outputs (they are X_k-1 and X_k) and includes what only
+the recipes of a selective recompute hold (BlockCall.extra_bytes: the bf16
+input of the second RMSNorm's float copy, which autograd does not save).
+The graph holds X_k-1 until b{k}_backward. Both are what a block needs
+where the plan rebuilds S_k (X_k-1) or C_k (X_k-1 and the extras) in
+backward, and the planner needs them in the graph: a recompute reads only
+values backward saves. A block that rebuilds neither and does not save its
+input (a bf16 Llama layer saves its RMSNorm's float copy, not the input)
+holds neither: on T1 128 MiB per such block, the 2.0 GiB by which the graph
+over-forecast the measured no-offload peak (34.74 against 32.74 GiB, H200
+v12) and 1.37 GiB at the 24.6 GiB budget. Plans are made on the graph
+(conservative), and the peak they forecast is as_run_peak's: the planned
+timeline without those bytes, which gave every peak of the v7-v12 runs to
+the MiB.
+
 Known approximations (see the report of issue 10's eager item):
-  * S_k excludes the storages of the block's tensor inputs and outputs (they
-    are X_k-1 and X_k). X_k-1 is counted live until b{k}_backward even where
-    the block does not save its input (a bf16 Llama layer saves the fp32
-    copy its RMSNorm makes, not the bf16 input): the planner sees up to one
-    hidden state per block more than the run holds when it keeps a block.
   * The backward around the blocks (the loss and head, the embeddings) is
     measured as one span each; without a measurement, twice the forward.
 
@@ -102,6 +113,12 @@ class BlockCall:
     cheap_bytes: int = 0
     cheap_ms: float = 0.0
     cheap_traffic: tuple[int, int] = (0, 0)  # bytes its ops move, op count (-> cheap_ms)
+    # Note [What a kept block holds]: of saved_bytes, the storages only the recipes hold
+    # (the bf16 input of an RMSNorm's float copy, which autograd does not save); whether
+    # autograd saves the storage of the block's first input. None: not measured (a
+    # profile recorded before 2026-12-07).
+    extra_bytes: int = 0
+    saves_input: bool | None = None
 
     def plain_backward_ms(self) -> float:
         """Backward time without the checkpoint's recompute (measured as recompute + backward)."""
@@ -309,6 +326,49 @@ def rebuild_ms(simulate, traffic: int, ops: int, device: str) -> float:
     w.nodes[0]["value"]["sizes"] = [1, 0]
     launch = simulate(json.dumps(graph), [])["step_ms"]
     return one + (ops - 1) * launch
+
+
+def as_run_peak(timeline: list[dict], decisions: dict[str, str],
+                profile: StepProfile) -> tuple[int, str | None]:
+    """(peak bytes, node) of a planned block graph as the run holds them.
+
+    Note [What a kept block holds]: the block graph holds X_k-1 until b{k}_backward
+    and counts, in S_k, the storages only the recipes hold (extra_bytes: the bf16
+    input of an RMSNorm's float copy). That is what a block needs where it rebuilds
+    S_k or C_k in backward. Where it rebuilds neither, a block that does not save its
+    input (a bf16 Llama layer saves its RMSNorm's float copy, not the input) lets
+    X_k-1 go when its forward ends, and the recipes' inputs too: on T1 128 MiB per
+    such block, 2.0 GiB over the baseline's measured 32.74 GiB (H200, v12). The
+    planner needs the graph as it is (a recompute reads only values backward saves),
+    so the graph keeps them and plans stay on the safe side; this takes them out of
+    the planned step's timeline (plan_memory_budget's or simulate_graph's, with
+    timeline=True) from b{k}_output to b{k}_backward, for each block whose plan
+    rebuilds nothing, keeps S_k (or S_k's extras) and keeps X_k-1 (an offloaded
+    one's device bytes are not taken out). decisions: candidate name -> decision
+    (absent: keep). A profile without the measurement (saves_input None) changes
+    nothing."""
+    phantom: dict[int, int] = {}
+    for k, call in enumerate(profile.calls):
+        saved = decisions.get(f"b{k}_forward", "keep")
+        if saved == "recompute" or decisions.get(f"b{k}_cheap") == "recompute":
+            continue
+        x = decisions.get(f"b{k - 1}_output" if k else "pre_output", "keep")
+        nbytes = call.input_bytes if call.saves_input is False and x == "keep" else 0
+        if saved == "keep" and call.saves_input is not None:
+            nbytes += call.extra_bytes
+        if nbytes:
+            phantom[k] = nbytes
+    starts = {f"b{k}_output": n for k, n in phantom.items()}
+    ends = {f"b{k}_backward": n for k, n in phantom.items()}
+    held, peak, where = 0, -1, None
+    for entry in timeline:
+        name = entry["name"]
+        held += starts.get(name, 0)
+        live = entry["live_bytes"] - held
+        if live > peak:
+            peak, where = live, name
+        held -= ends.get(name, 0)
+    return peak, where
 
 
 def recomputed_ids(graph: dict) -> list[int]:

@@ -99,8 +99,9 @@ from spillway import _budget
 from spillway.activations import eager
 from spillway.activations._eager_store import _Kept, _Layer
 from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of, storage_key
-from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
-                                                calibrate, placeholder_bytes, rebuild_ms)
+from spillway.activations._budget_graph import (BlockCall, StepProfile, as_run_peak,
+                                                block_graph, calibrate, placeholder_bytes,
+                                                rebuild_ms)
 
 __all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_budget"]
 
@@ -256,7 +257,7 @@ class EagerBudgetPlan:
     """
 
     def __init__(self, *, choices, budget_bytes, result, graph, options, calibration, profile,
-                 head=None):
+                 head=None, as_run=None):
         self.choices: list[BlockChoice] = choices
         # The head's late tensors (Note [The head's late tensors]): "keep" | "offload";
         # None where the graph planned on had none.
@@ -267,17 +268,26 @@ class EagerBudgetPlan:
         self.calibration: dict = calibration
         self.profile: StepProfile = profile
         self._options = options
+        # _budget_graph.as_run_peak of the plan and of the baseline: peak_bytes, peak_node,
+        # baseline_peak_bytes; None: the graph's (the planner's) figures stand.
+        self._as_run = as_run
 
     def forecast(self) -> dict:
         """The predicted step: step_ms, peak_bytes, bytes_offloaded (each way),
         bytes_recomputed, recompute_ms, compute_wait_ms, peak_node, peak_phase, and
-        baseline_step_ms / baseline_peak_bytes (every block kept), budget_bytes."""
+        baseline_step_ms / baseline_peak_bytes (every block kept), budget_bytes.
+        peak_bytes, peak_node and baseline_peak_bytes are what the run holds (Note [What
+        a kept block holds], _budget_graph.as_run_peak); graph_peak_bytes and
+        graph_baseline_peak_bytes the planner's, which it fitted to the budget."""
         f, b = self.result["forecast"], self.result["baseline"]
         out = {k: f[k] for k in ("step_ms", "peak_bytes", "bytes_offloaded", "bytes_recomputed",
                                  "recompute_ms", "compute_wait_ms", "peak_node", "peak_phase")
                if k in f}
         out.update(baseline_step_ms=b["step_ms"], baseline_peak_bytes=b["peak_bytes"],
-                   budget_bytes=self.budget_bytes)
+                   budget_bytes=self.budget_bytes, graph_peak_bytes=f["peak_bytes"],
+                   graph_baseline_peak_bytes=b["peak_bytes"])
+        if self._as_run is not None:
+            out.update(self._as_run)
         return out
 
     @property
@@ -813,6 +823,7 @@ class BudgetedOffload(eager.OffloadActivations):
         rec.marks.append(marks)
         inputs = _tensors(args) + _tensors(kwargs)
         input_keys = {k for k in map(storage_key, inputs) if k is not None}
+        first_input = storage_key(inputs[0]) if inputs else None
         if inputs:
             call.input_bytes = inputs[0].untyped_storage().nbytes()
             if inputs[0].requires_grad:
@@ -824,7 +835,7 @@ class BudgetedOffload(eager.OffloadActivations):
             if not rec.count_saved:
                 self._note_backward()
                 return original(*a, **kw)
-            return self._count_recompute(call, original, a, kw, input_keys)
+            return self._count_recompute(call, original, a, kw, input_keys, first_input)
 
         self._warn_cache(kwargs)
         marks["fwd_start"] = clock.mark()
@@ -848,7 +859,8 @@ class BudgetedOffload(eager.OffloadActivations):
             self._note_backward()
         return hook
 
-    def _count_recompute(self, call: BlockCall, original, args, kwargs, input_keys):
+    def _count_recompute(self, call: BlockCall, original, args, kwargs, input_keys,
+                         first_input):
         """The checkpoint's recompute, with a saved-tensor hook that counts what the block
         saves and hands every tensor on to the checkpoint's own hook (innermost before)."""
         self._note_backward()
@@ -862,6 +874,7 @@ class BudgetedOffload(eager.OffloadActivations):
         recorder = Recorder(self._params_by_ptr())
         cheap: dict = {}
         ops: dict[int, object] = {}
+        saved_by_autograd = set()
 
         def extra(t):  # held by a recipe: saved like the rest
             key = storage_key(t)
@@ -876,6 +889,7 @@ class BudgetedOffload(eager.OffloadActivations):
             key = storage_key(t)
             if key is not None and key not in rec.params and t.device == self._device:
                 seen[key] = t.untyped_storage().nbytes()
+                saved_by_autograd.add(key)
                 node = scope.node_for(t)
                 cheap[key] = cheap.get(key, True) and node is not None
                 if node is not None:
@@ -890,6 +904,10 @@ class BudgetedOffload(eager.OffloadActivations):
         outside = input_keys | output_keys
         call.saved_bytes = sum(n for k, n in seen.items() if k not in outside)
         call.cheap_bytes = sum(n for k, n in seen.items() if k not in outside and cheap[k])
+        # Note [What a kept block holds] (_budget_graph.py).
+        call.extra_bytes = sum(n for k, n in seen.items()
+                               if k not in outside and k not in saved_by_autograd)
+        call.saves_input = first_input in saved_by_autograd
         # The rebuild's time: its ops' bytes at the device's memory bandwidth, as the
         # simulator estimates an untimed op (timing each op here would time this Python).
         call.cheap_traffic = (sum(m.traffic for m in ops.values()), len(ops))
@@ -1007,8 +1025,9 @@ class BudgetedOffload(eager.OffloadActivations):
             graph = block_graph(profile, resident_bytes=resident, offset_bytes=offset_bytes,
                                 device=device, transients=transients)
             text = json.dumps(graph)
-            if budget is None:
-                baseline = self._simulate(text)["peak_bytes"]
+            if budget is None:  # a fraction of the peak the run holds without a plan
+                baseline, _ = as_run_peak(self._simulate(text, timeline=True)["timeline"],
+                                          {}, profile)
                 budget = max(1, int(self._budget_fraction * baseline))
             try:
                 options, result = self._fastest_plan(text, budget, inputs)
@@ -1021,6 +1040,13 @@ class BudgetedOffload(eager.OffloadActivations):
         if best is None:
             raise error
         options, result, graph, calibration, profile = best
+        text = json.dumps(graph)
+        timeline = json.loads(_C.plan_memory_budget(text, budget, **options,
+                                                    timeline=True))["timeline"]
+        decisions = {c["name"]: c["decision"] for c in result["choices"]}
+        as_run = dict(zip(("peak_bytes", "peak_node"), as_run_peak(timeline, decisions, profile)))
+        as_run["baseline_peak_bytes"], _ = as_run_peak(
+            self._simulate(text, timeline=True)["timeline"], {}, profile)
         self._prefetch = options["prefetch_regions"]
         self._policies, choices = self._policies_of(result, profile)
         head = self._head_of(result)
@@ -1028,7 +1054,7 @@ class BudgetedOffload(eager.OffloadActivations):
         self._head_late = frozenset(profile.head_late_saves)
         self.plan = EagerBudgetPlan(choices=choices, budget_bytes=budget, result=result,
                                     graph=graph, options=options, calibration=calibration,
-                                    profile=profile, head=head)
+                                    profile=profile, head=head, as_run=as_run)
 
     def _measured_profile(self) -> StepProfile:
         """The profiling steps as one StepProfile: bytes, peak and resident memory from
