@@ -85,7 +85,8 @@ def replay(record: dict, **extra) -> tuple[dict, dict, str, dict | None]:
     else:
         graph, options = _rebuilt(stats)
         how = "rebuilt from the profile"
-    return graph, options, how, _plan(graph, stats["budget"], options, **extra)
+    budget = stats.get("planner_budget", stats["budget"])  # recorded since 2026-12-07
+    return graph, options, how, _plan(graph, budget, options, **extra)
 
 
 def same_forecast(result: dict, recorded: dict) -> bool:

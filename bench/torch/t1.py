@@ -532,6 +532,7 @@ def _eager_budget(model, device: str, options: dict, plain):
             out["profile"] = dataclasses.asdict(plan.profile)
             out["plan_graph"] = plan.graph
             out["planner_options"] = plan.planner_options
+            out["planner_budget"] = plan.planner_budget_bytes
             calls = plan.profile.calls
             out["choices"] = [dict(block=c.block, saved=c.saved, cheap=c.cheap, input=c.input,
                                    lag=c.lag, saved_bytes=c.saved_bytes,

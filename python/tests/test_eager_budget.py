@@ -956,6 +956,9 @@ def test_a_kept_block_is_forecast_holding_what_autograd_saves(dtype):
     hidden = ids.numel() * 128 * dtype.itemsize
     assert all(c.cheap_bytes > 0 for c in calls)
     assert [c.extra_bytes for c in calls] == [hidden if dtype == torch.bfloat16 else 0] * 3
+    # The whole step fits its own peak: nothing is planned, though the graph's lies above.
+    assert {(c.saved, c.cheap, c.input) for c in ctx.plan.choices} == {("keep", "keep", "keep")}
+    assert ctx.stats()["bytes_offloaded"] == 0
     forecast = ctx.plan.forecast()
     phantom = 0 if dtype == torch.float32 else sum(c.input_bytes + c.extra_bytes for c in calls)
     assert forecast["graph_baseline_peak_bytes"] - forecast["baseline_peak_bytes"] == phantom

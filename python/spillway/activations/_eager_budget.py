@@ -257,7 +257,7 @@ class EagerBudgetPlan:
     """
 
     def __init__(self, *, choices, budget_bytes, result, graph, options, calibration, profile,
-                 head=None, as_run=None):
+                 head=None, as_run=None, planner_budget_bytes=None):
         self.choices: list[BlockChoice] = choices
         # The head's late tensors (Note [The head's late tensors]): "keep" | "offload";
         # None where the graph planned on had none.
@@ -271,6 +271,10 @@ class EagerBudgetPlan:
         # _budget_graph.as_run_peak of the plan and of the baseline: peak_bytes, peak_node,
         # baseline_peak_bytes; None: the graph's (the planner's) figures stand.
         self._as_run = as_run
+        # The budget the planner was given: budget_bytes, or the graph's own peak where
+        # the run fits budget_bytes without a plan (Note [What a kept block holds]).
+        self.planner_budget_bytes: int = (budget_bytes if planner_budget_bytes is None
+                                          else planner_budget_bytes)
 
     def forecast(self) -> dict:
         """The predicted step: step_ms, peak_bytes, bytes_offloaded (each way),
@@ -305,8 +309,9 @@ class EagerBudgetPlan:
 
     def _replan(self, **extra) -> dict:
         _C = _bindings()
-        return json.loads(_C.plan_memory_budget(json.dumps(self.graph), self.budget_bytes,
-                                                **self._options, **extra))
+        return json.loads(_C.plan_memory_budget(json.dumps(self.graph),
+                                                self.planner_budget_bytes, **self._options,
+                                                **extra))
 
     def chrome_trace(self, path: str | os.PathLike) -> None:
         """Writes the simulator's Chrome trace (Perfetto-readable JSON) of the planned step."""
@@ -1025,28 +1030,29 @@ class BudgetedOffload(eager.OffloadActivations):
             graph = block_graph(profile, resident_bytes=resident, offset_bytes=offset_bytes,
                                 device=device, transients=transients)
             text = json.dumps(graph)
+            unplanned = self._simulate(text, timeline=True)
+            baseline, _ = as_run_peak(unplanned["timeline"], {}, profile)
             if budget is None:  # a fraction of the peak the run holds without a plan
-                baseline, _ = as_run_peak(self._simulate(text, timeline=True)["timeline"],
-                                          {}, profile)
                 budget = max(1, int(self._budget_fraction * baseline))
+            # A budget the run fits without a plan changes nothing, though the graph's
+            # own peak may lie above it (Note [What a kept block holds]).
+            planned = max(budget, unplanned["peak_bytes"]) if budget >= baseline else budget
             try:
-                options, result = self._fastest_plan(text, budget, inputs)
+                options, result = self._fastest_plan(text, planned, inputs)
             except MemoryError as e:
                 # The first graph's reaches the lowest peak. No traceback: see _fastest_plan.
                 error = error or e.with_traceback(None)
                 continue
             if best is None or result["forecast"]["step_ms"] < best[1]["forecast"]["step_ms"]:
-                best = (options, result, graph, calibration, profile)
+                best = (options, result, graph, calibration, profile, planned, baseline)
         if best is None:
             raise error
-        options, result, graph, calibration, profile = best
-        text = json.dumps(graph)
-        timeline = json.loads(_C.plan_memory_budget(text, budget, **options,
+        options, result, graph, calibration, profile, planned, baseline = best
+        timeline = json.loads(_C.plan_memory_budget(json.dumps(graph), planned, **options,
                                                     timeline=True))["timeline"]
         decisions = {c["name"]: c["decision"] for c in result["choices"]}
         as_run = dict(zip(("peak_bytes", "peak_node"), as_run_peak(timeline, decisions, profile)))
-        as_run["baseline_peak_bytes"], _ = as_run_peak(
-            self._simulate(text, timeline=True)["timeline"], {}, profile)
+        as_run["baseline_peak_bytes"] = baseline
         self._prefetch = options["prefetch_regions"]
         self._policies, choices = self._policies_of(result, profile)
         head = self._head_of(result)
@@ -1054,7 +1060,8 @@ class BudgetedOffload(eager.OffloadActivations):
         self._head_late = frozenset(profile.head_late_saves)
         self.plan = EagerBudgetPlan(choices=choices, budget_bytes=budget, result=result,
                                     graph=graph, options=options, calibration=calibration,
-                                    profile=profile, head=head, as_run=as_run)
+                                    profile=profile, head=head, as_run=as_run,
+                                    planner_budget_bytes=planned)
 
     def _measured_profile(self) -> StepProfile:
         """The profiling steps as one StepProfile: bytes, peak and resident memory from
