@@ -85,13 +85,13 @@ def replay(record: dict, **extra) -> tuple[dict, dict, str, dict | None]:
     else:
         graph, options = _rebuilt(stats)
         how = "rebuilt from the profile"
-    budget = stats.get("planner_budget", stats["budget"])  # recorded since 2026-12-07
+    budget = stats.get("planner_budget", stats["budget"])  # recorded since 2026-12-06
     return graph, options, how, _plan(graph, budget, options, **extra)
 
 
 def same_forecast(result: dict, recorded: dict) -> bool:
     # graph_peak_bytes: the planner's own peak, recorded beside the run's (as_run_peak)
-    # since 2026-12-07.
+    # since 2026-12-06.
     return (result["forecast"]["peak_bytes"] == recorded.get("graph_peak_bytes",
                                                              recorded["peak_bytes"]) and
             abs(result["forecast"]["step_ms"] - recorded["step_ms"]) < 1e-6)

@@ -116,7 +116,7 @@ class BlockCall:
     # Note [What a kept block holds]: of saved_bytes, the storages only the recipes hold
     # (the bf16 input of an RMSNorm's float copy, which autograd does not save); whether
     # autograd saves the storage of the block's first input. None: not measured (a
-    # profile recorded before 2026-12-07).
+    # profile recorded before 2026-12-06).
     extra_bytes: int = 0
     saves_input: bool | None = None
 
