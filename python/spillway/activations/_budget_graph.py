@@ -330,23 +330,13 @@ def rebuild_ms(simulate, traffic: int, ops: int, device: str) -> float:
 
 def as_run_peak(timeline: list[dict], decisions: dict[str, str],
                 profile: StepProfile) -> tuple[int, str | None]:
-    """(peak bytes, node) of a planned block graph as the run holds them.
-
-    Note [What a kept block holds]: the block graph holds X_k-1 until b{k}_backward
-    and counts, in S_k, the storages only the recipes hold (extra_bytes: the bf16
-    input of an RMSNorm's float copy). That is what a block needs where it rebuilds
-    S_k or C_k in backward. Where it rebuilds neither, a block that does not save its
-    input (a bf16 Llama layer saves its RMSNorm's float copy, not the input) lets
-    X_k-1 go when its forward ends, and the recipes' inputs too: on T1 128 MiB per
-    such block, 2.0 GiB over the baseline's measured 32.74 GiB (H200, v12). The
-    planner needs the graph as it is (a recompute reads only values backward saves),
-    so the graph keeps them and plans stay on the safe side; this takes them out of
-    the planned step's timeline (plan_memory_budget's or simulate_graph's, with
-    timeline=True) from b{k}_output to b{k}_backward, for each block whose plan
-    rebuilds nothing, keeps S_k (or S_k's extras) and keeps X_k-1 (an offloaded
-    one's device bytes are not taken out). decisions: candidate name -> decision
-    (absent: keep). A profile without the measurement (saves_input None) changes
-    nothing."""
+    """(peak bytes, node) of a planned block graph as the run holds them (Note [What a
+    kept block holds]): the planned step's timeline (plan_memory_budget's or
+    simulate_graph's, with timeline=True) less, from b{k}_output to b{k}_backward, for
+    each block whose plan rebuilds neither S_k nor C_k: X_k-1 where the block does not
+    save its input and the plan keeps X_k-1 (an offloaded one's device bytes stay), and
+    the extras where the plan keeps S_k. decisions: candidate name -> decision (absent:
+    keep). A profile without the measurement (saves_input None) changes nothing."""
     phantom: dict[int, int] = {}
     for k, call in enumerate(profile.calls):
         saved = decisions.get(f"b{k}_forward", "keep")

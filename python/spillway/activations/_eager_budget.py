@@ -966,7 +966,9 @@ class BudgetedOffload(eager.OffloadActivations):
                 options = self._planner_options(distance)
                 options["min_bytes"] = floor
                 try:
-                    result = json.loads(_bindings().plan_memory_budget(text, budget, **options))
+                    # With the planned timeline, for the run's peak (as_run_peak).
+                    result = json.loads(_bindings().plan_memory_budget(text, budget, **options,
+                                                                       timeline=True))
                 except MemoryError as e:
                     # Without its traceback: kept with one, the exception holds this
                     # frame and, through f_back, the model call that made the plan,
@@ -998,7 +1000,6 @@ class BudgetedOffload(eager.OffloadActivations):
                                                      timeline=timeline))
 
     def _make_plan(self) -> None:
-        _C = _bindings()
         if self._clock.cuda:
             torch.cuda.synchronize(self._device)
         measured = self._measured_profile()
@@ -1048,10 +1049,9 @@ class BudgetedOffload(eager.OffloadActivations):
         if best is None:
             raise error
         options, result, graph, calibration, profile, planned, baseline = best
-        timeline = json.loads(_C.plan_memory_budget(json.dumps(graph), planned, **options,
-                                                    timeline=True))["timeline"]
         decisions = {c["name"]: c["decision"] for c in result["choices"]}
-        as_run = dict(zip(("peak_bytes", "peak_node"), as_run_peak(timeline, decisions, profile)))
+        as_run = dict(zip(("peak_bytes", "peak_node"),
+                          as_run_peak(result.pop("timeline"), decisions, profile)))
         as_run["baseline_peak_bytes"] = baseline
         self._prefetch = options["prefetch_regions"]
         self._policies, choices = self._policies_of(result, profile)
