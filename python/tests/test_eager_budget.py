@@ -497,6 +497,44 @@ def test_rebuildable_tensors_go_their_own_way_bit_exactly(name, saved, cheap, no
         assert moved > 0
 
 
+@pytest.mark.parametrize("name", ["llama-bf16", "gpt2-dropout"])
+def test_the_planner_times_each_blocks_rebuild_apart_from_the_step(name, no_leaks):
+    """The profiling step keeps each block's rebuild (RebuildProbe) without its tensors,
+    and the planner times it on the device: every rebuilding call's cheap_ms is timed,
+    the probe runs each recorded op once, and it holds no tensor of the step."""
+    from torch.overrides import TorchFunctionMode
+
+    from spillway.activations._recipes import nodes_of, recomputable_op
+
+    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
+            else WORKLOADS[name]())
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    calls = ctx.plan.profile.calls
+    rebuilding = [c for c in calls if c.cheap_bytes > 0]
+    assert rebuilding and all(c.cheap_timed and c.cheap_ms > 0 for c in rebuilding), calls
+    probes = ctx._profiled[0].probes
+    assert sorted(probes) == [k for k, c in enumerate(calls) if c.cheap_bytes > 0]
+    assert len({p.signature for p in probes.values()}) == 1  # identical layers: one timing
+
+    class Count(TorchFunctionMode):
+        ops = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            Count.ops += recomputable_op(func, args, kwargs)
+            return func(*args, **(kwargs or {}))
+
+    probe = probes[0]
+    stand_ins = probe.stand_ins(torch.device("cpu"))
+    with Count():
+        probe.run(stand_ins)
+    assert Count.ops == calls[0].cheap_traffic[1]
+    leaves = [a for p in probes.values() for r in p.roots for n in nodes_of(r)
+              for a in (*n.args, *n.kwargs.values())]
+    assert leaves and not any(isinstance(getattr(a, "packed", a), torch.Tensor)
+                              for a in leaves)  # nothing of the step is held
+
+
 def test_the_block_graph_splits_the_rebuildable_bytes_and_the_plan_maps_them():
     from spillway.activations._budget_graph import (BlockCall, StepProfile, block_graph,
                                                     recomputed_ids)

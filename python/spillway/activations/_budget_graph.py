@@ -112,7 +112,8 @@ class BlockCall:
     # (_recipes.py), and the time of the ops that rebuild them.
     cheap_bytes: int = 0
     cheap_ms: float = 0.0
-    cheap_traffic: tuple[int, int] = (0, 0)  # bytes its ops move, op count (-> cheap_ms)
+    cheap_traffic: tuple[int, int] = (0, 0)  # bytes its ops move, op count
+    cheap_timed: bool = False  # cheap_ms timed on the device; else estimated from cheap_traffic
     # Note [What a kept block holds]: of saved_bytes, the storages only the recipes hold
     # (the bf16 input of an RMSNorm's float copy, which autograd does not save); whether
     # autograd saves the storage of the block's first input. None: not measured (a

@@ -87,6 +87,7 @@ import json
 import math
 import os
 import re
+import statistics
 import time
 import warnings
 
@@ -98,7 +99,8 @@ from torch.utils.checkpoint import checkpoint
 from spillway import _budget
 from spillway.activations import eager
 from spillway.activations._eager_store import _Kept, _Layer
-from spillway.activations._recipes import Recipe, RecipeScope, Recorder, nodes_of, storage_key
+from spillway.activations._recipes import (RebuildProbe, Recipe, RecipeScope, Recorder, nodes_of,
+                                           storage_key)
 from spillway.activations._budget_graph import (BlockCall, StepProfile, as_run_peak,
                                                 block_graph, calibrate, placeholder_bytes,
                                                 rebuild_ms)
@@ -108,6 +110,8 @@ __all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_bu
 _MISSING = object()
 # Prefetch distances (block calls) the plan is tried at, beside the context's own.
 _PREFETCH_DISTANCES = (1, 2, 3, 4, 6, 8)
+# Timed runs of a block's rebuild (RebuildProbe) whose median the planner takes.
+_REBUILD_RUNS = 5
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -365,6 +369,9 @@ class _Recording:
     def __init__(self, clock: _Clock):
         self.clock = clock
         self.calls: list[BlockCall] = []
+        # Per call (its index in calls) with rebuildable saved tensors: their rebuild,
+        # apart from the step's tensors (the planner times it).
+        self.probes: dict[int, RebuildProbe] = {}
         self.marks: list[dict] = []  # per call: fwd_start, fwd_end, bwd_start, bwd_end
         self.model_start = clock.mark()
         self.model_end = None
@@ -824,6 +831,7 @@ class BudgetedOffload(eager.OffloadActivations):
         rec.head, rec.head_early = [], set()  # saves after a block: after this one only
         rec.head_generation += 1
         marks: dict = {}
+        position = len(rec.calls)
         rec.calls.append(call)
         rec.marks.append(marks)
         inputs = _tensors(args) + _tensors(kwargs)
@@ -840,7 +848,8 @@ class BudgetedOffload(eager.OffloadActivations):
             if not rec.count_saved:
                 self._note_backward()
                 return original(*a, **kw)
-            return self._count_recompute(call, original, a, kw, input_keys, first_input)
+            return self._count_recompute(call, position, original, a, kw, input_keys,
+                                         first_input)
 
         self._warn_cache(kwargs)
         marks["fwd_start"] = clock.mark()
@@ -864,8 +873,8 @@ class BudgetedOffload(eager.OffloadActivations):
             self._note_backward()
         return hook
 
-    def _count_recompute(self, call: BlockCall, original, args, kwargs, input_keys,
-                         first_input):
+    def _count_recompute(self, call: BlockCall, position: int, original, args, kwargs,
+                         input_keys, first_input):
         """The checkpoint's recompute, with a saved-tensor hook that counts what the block
         saves and hands every tensor on to the checkpoint's own hook (innermost before)."""
         self._note_backward()
@@ -879,6 +888,7 @@ class BudgetedOffload(eager.OffloadActivations):
         recorder = Recorder(self._params_by_ptr())
         cheap: dict = {}
         ops: dict[int, object] = {}
+        roots: dict = {}  # what rebuilds each rebuildable saved storage
         saved_by_autograd = set()
 
         def extra(t):  # held by a recipe: saved like the rest
@@ -899,6 +909,7 @@ class BudgetedOffload(eager.OffloadActivations):
                 cheap[key] = cheap.get(key, True) and node is not None
                 if node is not None:
                     ops.update((id(n.made), n.made) for n in nodes_of(node))
+                    roots.setdefault(key, node)
                 else:
                     scope.note_packed(t, t.detach())  # never t: see _recipes._Arg
             return outer_pack(t)
@@ -916,6 +927,10 @@ class BudgetedOffload(eager.OffloadActivations):
         # The rebuild's time: its ops' bytes at the device's memory bandwidth, as the
         # simulator estimates an untimed op (timing each op here would time this Python).
         call.cheap_traffic = (sum(m.traffic for m in ops.values()), len(ops))
+        # ... and the rebuild itself, which the planner times (_make_plan).
+        rebuilt = [node for k, node in roots.items() if k not in outside and cheap[k]]
+        if rebuilt:
+            rec.probes[position] = RebuildProbe(rebuilt)
         return out
 
     def _note_backward(self) -> None:
@@ -1004,8 +1019,7 @@ class BudgetedOffload(eager.OffloadActivations):
             torch.cuda.synchronize(self._device)
         measured = self._measured_profile()
         device = str(self._device)
-        for call in measured.calls:
-            call.cheap_ms = rebuild_ms(self._simulate, *call.cheap_traffic, device)
+        self._time_rebuilds(measured.calls)
         # This step's state: the optimizer's and the grads' storages that now exist.
         now = dataclasses.replace(measured, calls=[dataclasses.replace(c) for c in measured.calls])
         per_call, other = self._grads_per_call(now.calls, self._new_grad_bytes())
@@ -1062,6 +1076,40 @@ class BudgetedOffload(eager.OffloadActivations):
                                     graph=graph, options=options, calibration=calibration,
                                     profile=profile, head=head, as_run=as_run,
                                     planner_budget_bytes=planned)
+
+    def _time_rebuilds(self, calls: list[BlockCall]) -> None:
+        """Each call's cheap_ms: its selective recompute (the profiling step's
+        RebuildProbe) run on this device and timed, once per signature, the median of
+        _REBUILD_RUNS after a warm-up; where a call has no probe or the device has no room
+        for one, the simulator's estimate from the ops' bytes (rebuild_ms). That estimate
+        is low for these ops: in the H200 profile of 2026-12-02 (v8), a 19 GiB step whose
+        11 blocks rebuild ran 11.8 ms more kernel time than the step without a plan,
+        where the estimate gave the rebuilds 6.8 ms."""
+        probes = self._profiled[0].probes
+        timed: dict = {}
+        for k, call in enumerate(calls):
+            probe = probes.get(k)
+            if probe is not None and probe.signature not in timed:
+                timed[probe.signature] = self._time_probe(probe)
+            ms = timed[probe.signature] if probe is not None else None
+            call.cheap_timed = ms is not None
+            call.cheap_ms = ms if ms is not None else rebuild_ms(
+                self._simulate, *call.cheap_traffic, str(self._device))
+
+    def _time_probe(self, probe: RebuildProbe) -> float | None:
+        try:
+            stand_ins = probe.stand_ins(self._device)
+            probe.run(stand_ins)  # warm: the allocator's blocks, each kernel's first launch
+            marks = []
+            for _ in range(_REBUILD_RUNS):
+                start = self._clock.mark()
+                probe.run(stand_ins)
+                marks.append((start, self._clock.mark()))
+            if self._clock.cuda:
+                torch.cuda.synchronize(self._device)
+            return statistics.median(self._clock.ms(a, b) for a, b in marks)
+        except torch.OutOfMemoryError:
+            return None
 
     def _measured_profile(self) -> StepProfile:
         """The profiling steps as one StepProfile: bytes, peak and resident memory from

@@ -52,7 +52,7 @@ from torch.overrides import TorchFunctionMode
 
 from spillway.activations._eager_store import _Handle, check_version, version_witness
 
-__all__ = ["Recorder", "RecipeScope", "Recipe", "recomputable_op"]
+__all__ = ["Recorder", "RecipeScope", "Recipe", "RebuildProbe", "recomputable_op"]
 
 F = torch.nn.functional
 T = torch.Tensor
@@ -469,3 +469,104 @@ def nodes_of(node: _Node) -> list[_Node]:
             if isinstance(leaf, _View):
                 todo.append(leaf.node)
     return out
+
+
+
+class _StandIn:
+    """A packed input of a RebuildProbe: its storage (an index: inputs on one storage
+    share a stand-in), that storage's bytes, and the input's layout there."""
+
+    __slots__ = ("storage", "nbytes", "layout")
+
+    def __init__(self, storage: int, nbytes: int, layout: tuple):
+        self.storage = storage
+        self.nbytes = nbytes
+        self.layout = layout
+
+
+class _Shared:
+    """A RebuildProbe run's results (what _evaluate takes as `results`): every value is
+    kept, so each op runs once, as a backward shares what a block's recipes rebuilt."""
+
+    def __init__(self):
+        self.values: dict = {}
+
+    def get(self, storage):
+        return self.values.get(storage)
+
+    def put(self, storage, t: torch.Tensor) -> None:
+        self.values[storage] = t
+
+
+class RebuildProbe:
+    """One block call's selective recompute apart from its tensors: the recipes' nodes
+    with each packed input replaced by its storage's size and its layout there, run on
+    stand-ins of those layouts. The profiling step builds one per block call from the
+    roots RecipeScope.node_for gave (share_handles=False: a packed input is the tensor
+    itself) and keeps nothing of the step; the planner times it (_eager_budget.py)
+    instead of estimating the ops from their bytes. signature: equal for calls whose
+    rebuilds run the same functions on the same layouts (one timing serves them)."""
+
+    _FILL = 0x3C  # every stand-in byte: finite, non-zero values in every float dtype
+
+    def __init__(self, roots: list[_Node]):
+        storages: dict = {}
+        copies: dict[int, _Node] = {}
+
+        def leaf(a):
+            if isinstance(a, _Packed):
+                t = a.packed
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError("RebuildProbe takes the profiling step's recipes, whose "
+                                    f"packed inputs are tensors, not {type(t).__name__}")
+                index = storages.setdefault(storage_key(t), len(storages))
+                return _Packed(_StandIn(index, t.untyped_storage().nbytes(), _layout(t)))
+            if isinstance(a, _Param):  # its layout only: an optimizer step changes it
+                t = a.tensor
+                index = storages.setdefault(storage_key(t), len(storages))
+                return _Packed(_StandIn(index, t.untyped_storage().nbytes(), a.layout))
+            if isinstance(a, _View):
+                return _View(copy(a.node), a.layout)
+            return a
+
+        def copy(node: _Node) -> _Node:
+            if id(node) not in copies:
+                copies[id(node)] = _Node(node.func, tuple(leaf(a) for a in node.args),
+                                         {k: leaf(v) for k, v in node.kwargs.items()},
+                                         node.layout, node.made)
+            return copies[id(node)]
+
+        self.roots = [copy(r) for r in roots]
+        self.signature = tuple(_describe(n) for r in self.roots for n in nodes_of(r))
+
+    def stand_ins(self, device: torch.device) -> dict[int, torch.Tensor]:
+        """One byte buffer per packed input storage, filled (see _FILL)."""
+        out: dict[int, torch.Tensor] = {}
+        for root in self.roots:
+            for node in nodes_of(root):
+                for a in (*node.args, *node.kwargs.values()):
+                    if isinstance(a, _Packed) and a.packed.storage not in out:
+                        out[a.packed.storage] = torch.full(
+                            (a.packed.nbytes,), self._FILL, dtype=torch.uint8, device=device)
+        return out
+
+    def run(self, stand_ins: dict[int, torch.Tensor]) -> None:
+        """Rebuilds every root once, on `stand_ins` (from stand_ins())."""
+        def unpack(s: _StandIn) -> torch.Tensor:
+            return _as_layout(stand_ins[s.storage], s.layout)
+
+        results, memo = _Shared(), {}
+        for root in self.roots:
+            _evaluate(root, unpack, memo, results)
+
+
+def _describe(node: _Node) -> tuple:
+    """What RebuildProbe.signature holds of a node: its function and layouts."""
+    def one(a):
+        if isinstance(a, _Packed):
+            return ("in", a.packed.storage, a.packed.nbytes, a.packed.layout)
+        if isinstance(a, _View):
+            return ("view", a.node.layout, a.layout)
+        return ("value", repr(a))
+    return (repr(node.func), node.layout, tuple(one(a) for a in node.args),
+            tuple((k, one(v)) for k, v in sorted(node.kwargs.items())))
