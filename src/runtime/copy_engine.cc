@@ -15,6 +15,8 @@ namespace spillway::runtime {
 namespace {
 
 constexpr char kEngineComponent[] = "copy_engine";
+// The priority of a transfer someone waits for: above any a caller gives.
+constexpr int kAwaited = INT_MAX;
 
 const char* direction(CopyKind kind) {
   return kind == CopyKind::kDeviceToHost ? "device-to-host" : "host-to-device";
@@ -130,6 +132,7 @@ void CopyEngine::dispatch(Lane& lane) {
   for (;;) {
     TransferPtr t;
     std::size_t offset = 0, length = 0;
+    bool awaited = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       lane.work.wait(lock, [&] { return stopping_ || !lane.pending.empty(); });
@@ -139,11 +142,14 @@ void CopyEngine::dispatch(Lane& lane) {
       offset = t->next_offset_;
       length = std::min(options_.chunk_bytes, t->bytes_ - offset);
       t->next_offset_ = offset + length;
+      awaited = t->priority_ == kAwaited;
       if (t->next_offset_ >= t->bytes_) lane.pending.erase(best);
       lane.busy++;
     }
-    // Invariant 2: bound the bytes in flight before adding this chunk.
-    while (!inflight.empty() && inflight_bytes + length > options_.max_inflight_bytes) {
+    // Invariant 2: bound the bytes in flight before adding this chunk, unless
+    // someone waits for its transfer (Note [Awaited transfers]).
+    while (!awaited && !inflight.empty() &&
+           inflight_bytes + length > options_.max_inflight_bytes) {
       try {
         backend_.synchronize(*inflight.front().event);
       } catch (...) {
@@ -214,7 +220,7 @@ void CopyEngine::await_enqueued(const TransferPtr& t) {
   if (t->enqueued_) return;
   // Out of the set while its key changes; not there once all chunks are taken.
   auto node = its_lane.pending.extract(t);
-  t->priority_ = INT_MAX;
+  t->priority_ = kAwaited;
   if (node) its_lane.pending.insert(std::move(node));
   its_lane.progress.wait(lock, [&] { return t->enqueued_; });
 }

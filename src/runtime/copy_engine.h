@@ -7,8 +7,9 @@
 //      chunks the dispatcher picks the most urgent pending transfer (highest
 //      priority, then oldest), so a later urgent transfer waits for at most
 //      the chunks already enqueued, not for a whole large transfer.
-//   2. At most max_inflight_bytes are enqueued on a stream and not complete;
-//      the dispatcher blocks on the oldest chunk's event (never holding mu_)
+//   2. At most max_inflight_bytes are enqueued on a stream and not complete,
+//      chunks of awaited transfers aside (Note [Awaited transfers]); the
+//      dispatcher blocks on the oldest chunk's event (never holding mu_)
 //      before enqueuing more. This bounds how long an urgent transfer waits.
 //   3. Before a transfer's first chunk, its stream waits for each `after`
 //      event; after its last chunk, `done` is recorded, and `enqueued` is set.
@@ -44,6 +45,24 @@
 // pass costs ~120 ns a transfer on an H100's host, after the copies (0.13 ms
 // for 1024 one way, 0.25 ms both ways): 1 MiB both ways went from 94.5 to
 // 98.9 % of raw, one way from 99.9 to 99.3 %.
+//
+// Note [Awaited transfers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A wait (wait_enqueued, make_wait, synchronize, finish) makes its transfer
+// the most urgent and blocks until all its chunks are on the stream. Under
+// invariant 2 that meant until all but max_inflight_bytes of the transfer,
+// and of whatever its lane had in flight, had been copied: the caller, the
+// thread that launches the compute, stood still for most of the copy. In an
+// eager step that thread waits at every block end for the offloads due
+// there and at every reloaded tensor's first use; each such wait emptied the
+// compute stream's queue, which the step never filled again (on an H100,
+// T1's 15 GiB plan idled its compute stream 44.7 ms of 340 in 410 gaps with
+// the CPU behind, after 266 event synchronizes of 169 ms). The bound exists
+// so that a later, more urgent transfer can get ahead of chunks not yet on
+// the stream; nothing gets ahead of an awaited transfer (it is the most
+// urgent, and a wait for another one comes after it on that thread), so its
+// chunks are enqueued as fast as the dispatcher takes them, and the wait
+// returns once they are, to make the compute stream wait on the device.
 //
 // Note [Dispatch cost]
 // ~~~~~~~~~~~~~~~~~~~~

@@ -112,6 +112,34 @@ TEST(CopyEngine, WaitedTransferGoesBeforeEarlierPendingOnes) {
   EXPECT_EQ(shared_dst, first_src) << "the waited transfer ran last, not before `first`";
 }
 
+TEST(CopyEngine, AWaitIsEnqueuedWithoutWaitingForTheCopiesBeforeIt) {
+  // Note [Awaited transfers]: the dispatcher blocks on `first` (invariant 2)
+  // while `waited` is made urgent; once `first` ran, every chunk of `waited`
+  // goes on the stream behind `closed` though none of them can run, and the
+  // wait returns.
+  constexpr std::size_t kChunk = 64 * kKiB;
+  std::vector<char> src(kChunk, 'a'), dst(kChunk), waited_src(4 * kChunk), waited_dst(4 * kChunk);
+  testing::fill_pattern(waited_src.data(), waited_src.size(), 13);
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = kChunk,
+                                                .max_inflight_bytes = kChunk});
+  Gate opening(*backend), closed(*backend);
+  engine.submit(CopyKind::kDeviceToHost, dst.data(), src.data(), kChunk, 0, {opening.event()});
+  engine.submit(CopyKind::kDeviceToHost, dst.data(), src.data(), kChunk, 0, {});
+  TransferPtr waited = engine.submit(CopyKind::kDeviceToHost, waited_dst.data(),
+                                     waited_src.data(), waited_src.size(), 0, {closed.event()});
+  auto wait = std::async(std::launch::async, [&] { engine.wait_enqueued(waited); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the wait made it urgent
+  opening.open();
+  const bool returned = wait.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  EXPECT_FALSE(engine.poll(waited));
+  closed.open();
+  wait.get();
+  EXPECT_TRUE(returned) << "the wait stood until the copies before its last chunk had run";
+  engine.synchronize(waited);
+  EXPECT_EQ(waited_dst, waited_src);
+}
+
 TEST(CopyEngine, OneDirectionBlockedOnTheDeviceDoesNotHoldUpTheOther) {
   std::vector<char> src(kMiB), dst(kMiB), h2d_src(4 * kMiB), h2d_dst(h2d_src.size());
   testing::fill_pattern(src.data(), src.size(), 3);
