@@ -924,10 +924,10 @@ class BudgetedOffload(eager.OffloadActivations):
         call.extra_bytes = sum(n for k, n in seen.items()
                                if k not in outside and k not in saved_by_autograd)
         call.saves_input = first_input in saved_by_autograd
-        # The rebuild's time: its ops' bytes at the device's memory bandwidth, as the
-        # simulator estimates an untimed op (timing each op here would time this Python).
+        # The rebuild: its ops' bytes (the estimate where it cannot be timed) and the
+        # ops themselves, apart from this step's tensors, which the planner times
+        # (_time_rebuilds; timing them here would time the Python that records them).
         call.cheap_traffic = (sum(m.traffic for m in ops.values()), len(ops))
-        # ... and the rebuild itself, which the planner times (_make_plan).
         rebuilt = [node for k, node in roots.items() if k not in outside and cheap[k]]
         if rebuilt:
             rec.probes[position] = RebuildProbe(rebuilt)
