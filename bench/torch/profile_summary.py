@@ -9,7 +9,7 @@ the copies' bytes and GB/s while busy, per direction, and the ms both directions
 at once; the compute stream's idle ms, split by why: its next kernel was launched late
 (the CPU was behind), or it was launched in time and the stream waited (for a copy's
 event, most often); and the CPU's blocking runtime calls (event and device
-synchronizes) with their ms.
+synchronizes) with their ms, and its time in Spillway's wait_tensor.
 """
 from __future__ import annotations
 
@@ -130,6 +130,13 @@ def summarize(path: str) -> str:
             blocking[e["name"]] = (n + 1, ms + e["dur"] / 1e3)
     for name, (n, ms) in sorted(blocking.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"  CPU {name}: {n} calls, {ms:.1f} ms")
+    # The runtime's waits on the thread that launches the compute (Note [Awaited
+    # transfers] in src/runtime/copy_engine.h): time it stands still.
+    waits = [e["dur"] / 1e3 for e in events
+             if e.get("ph") == "X" and e.get("name") == "spillway::wait_tensor"]
+    if waits:
+        lines.append(f"  CPU spillway::wait_tensor: {len(waits)} calls, {sum(waits):.1f} ms, "
+                     f"the longest {max(waits):.2f} ms")
     return "\n".join(lines)
 
 
