@@ -471,7 +471,6 @@ def nodes_of(node: _Node) -> list[_Node]:
     return out
 
 
-
 class _StandIn:
     """A packed input of a RebuildProbe: its storage (an index: inputs on one storage
     share a stand-in), that storage's bytes, and the input's layout there."""
