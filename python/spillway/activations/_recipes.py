@@ -510,7 +510,14 @@ class RebuildProbe:
 
     def __init__(self, roots: list[_Node]):
         storages: dict = {}
+        self._nbytes: list[int] = []  # per stand-in (a _StandIn's storage index)
         copies: dict[int, _Node] = {}
+
+        def stand_in(t: torch.Tensor, layout: tuple) -> _Packed:
+            index = storages.setdefault(storage_key(t), len(storages))
+            if index == len(self._nbytes):
+                self._nbytes.append(t.untyped_storage().nbytes())
+            return _Packed(_StandIn(index, self._nbytes[index], layout))
 
         def leaf(a):
             if isinstance(a, _Packed):
@@ -518,12 +525,9 @@ class RebuildProbe:
                 if not isinstance(t, torch.Tensor):
                     raise TypeError("RebuildProbe takes the profiling step's recipes, whose "
                                     f"packed inputs are tensors, not {type(t).__name__}")
-                index = storages.setdefault(storage_key(t), len(storages))
-                return _Packed(_StandIn(index, t.untyped_storage().nbytes(), _layout(t)))
+                return stand_in(t, _layout(t))
             if isinstance(a, _Param):  # its layout only: an optimizer step changes it
-                t = a.tensor
-                index = storages.setdefault(storage_key(t), len(storages))
-                return _Packed(_StandIn(index, t.untyped_storage().nbytes(), a.layout))
+                return stand_in(a.tensor, a.layout)
             if isinstance(a, _View):
                 return _View(copy(a.node), a.layout)
             return a
@@ -538,18 +542,12 @@ class RebuildProbe:
         self.roots = [copy(r) for r in roots]
         self.signature = tuple(_describe(n) for r in self.roots for n in nodes_of(r))
 
-    def stand_ins(self, device: torch.device) -> dict[int, torch.Tensor]:
+    def stand_ins(self, device: torch.device) -> list[torch.Tensor]:
         """One byte buffer per packed input storage, filled (see _FILL)."""
-        out: dict[int, torch.Tensor] = {}
-        for root in self.roots:
-            for node in nodes_of(root):
-                for a in (*node.args, *node.kwargs.values()):
-                    if isinstance(a, _Packed) and a.packed.storage not in out:
-                        out[a.packed.storage] = torch.full(
-                            (a.packed.nbytes,), self._FILL, dtype=torch.uint8, device=device)
-        return out
+        return [torch.full((n,), self._FILL, dtype=torch.uint8, device=device)
+                for n in self._nbytes]
 
-    def run(self, stand_ins: dict[int, torch.Tensor]) -> None:
+    def run(self, stand_ins: list[torch.Tensor]) -> None:
         """Rebuilds every root once, on `stand_ins` (from stand_ins())."""
         def unpack(s: _StandIn) -> torch.Tensor:
             return _as_layout(stand_ins[s.storage], s.layout)
