@@ -522,7 +522,7 @@ def test_the_planner_times_each_blocks_rebuild_apart_from_the_step(name, no_leak
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             Count.ops += recomputable_op(func, args, kwargs)
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
 
     probe = probes[0]
     stand_ins = probe.stand_ins(torch.device("cpu"))
