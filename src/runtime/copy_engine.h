@@ -8,9 +8,10 @@
 //      priority, then oldest), so a later urgent transfer waits for at most
 //      the chunks already enqueued, not for a whole large transfer.
 //   2. At most max_inflight_bytes are enqueued on a stream and not complete,
-//      chunks of awaited transfers aside (Note [Awaited transfers]); the
-//      dispatcher blocks on the oldest chunk's event (never holding mu_)
-//      before enqueuing more. This bounds how long an urgent transfer waits.
+//      chunks of awaited transfers aside (Note [Awaited transfers]). Before
+//      enqueuing more, the dispatcher polls the oldest chunk's event (never
+//      holding mu_), and gives way at once to a transfer someone starts
+//      waiting for. This bounds how long an urgent transfer waits.
 //   3. Before a transfer's first chunk, its stream waits for each `after`
 //      event; after its last chunk, `done` is recorded, and `enqueued` is set.
 //      `done` is recorded once and never re-recorded while anyone holds it
@@ -63,6 +64,19 @@
 // urgent, and a wait for another one comes after it on that thread), so its
 // chunks are enqueued as fast as the dispatcher takes them, and the wait
 // returns once they are, to make the compute stream wait on the device.
+//
+// That alone was not enough: a dispatcher already blocked on the bound, in an
+// event synchronize for the oldest chunk in flight, took the awaited transfer
+// only once that chunk had run. A chunk's stream first waits for its
+// transfer's `after` events, recorded on the compute stream when the copy was
+// asked for; the launching thread runs ahead of the device, so those chunks
+// waited for the compute stream to get there, and so did the thread in the
+// wait (on an H100, T1's 7.1 GiB plan: 108 waits held it 108 ms of a 359 ms
+// step, the longest 17.7 ms, while the H2D dispatcher sat in event
+// synchronizes). So the dispatcher waits for the bound by polling the oldest
+// chunk's event every kBoundPoll (far below a chunk's time on the link, with
+// max_inflight_bytes - chunk_bytes still queued on the stream), on its lane's
+// `work` condition, which await_enqueued notifies.
 //
 // Note [Dispatch cost]
 // ~~~~~~~~~~~~~~~~~~~~

@@ -140,6 +140,40 @@ TEST(CopyEngine, AWaitIsEnqueuedWithoutWaitingForTheCopiesBeforeIt) {
   EXPECT_EQ(waited_dst, waited_src);
 }
 
+TEST(CopyEngine, AWaitTakesOverFromADispatcherHeldByTheBound) {
+  // Note [Awaited transfers]: the dispatcher waits for `first` to run before
+  // it enqueues `second` (invariant 2), and `first` cannot run before
+  // `opening` opens (on CUDA: until the compute stream gets to the point its
+  // copy was asked at). A wait for `waited` begun meanwhile returns once its
+  // chunks are on the stream, behind `first`, without waiting for it to run.
+  constexpr std::size_t kChunk = 64 * kKiB;
+  std::vector<char> src(kChunk, 'a'), dst(kChunk), second_dst(kChunk);
+  std::vector<char> waited_src(4 * kChunk), waited_dst(4 * kChunk);
+  testing::fill_pattern(waited_src.data(), waited_src.size(), 17);
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = kChunk,
+                                                .max_inflight_bytes = kChunk});
+  Gate opening(*backend);
+  TransferPtr first = engine.submit(CopyKind::kDeviceToHost, dst.data(), src.data(), kChunk, 0,
+                                    {opening.event()});
+  TransferPtr second =
+      engine.submit(CopyKind::kDeviceToHost, second_dst.data(), src.data(), kChunk, 0, {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // held by the bound
+  TransferPtr waited = engine.submit(CopyKind::kDeviceToHost, waited_dst.data(),
+                                     waited_src.data(), waited_src.size(), 0, {});
+  auto wait = std::async(std::launch::async, [&] { engine.wait_enqueued(waited); });
+  const bool returned = wait.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  EXPECT_FALSE(engine.poll(waited));  // behind `first` on the stream
+  opening.open();
+  wait.get();
+  EXPECT_TRUE(returned) << "the wait stood until the chunk the dispatcher was held by had run";
+  engine.synchronize(waited);
+  engine.synchronize(second);
+  engine.synchronize(first);
+  EXPECT_EQ(waited_dst, waited_src);
+  EXPECT_EQ(second_dst, src);
+}
+
 TEST(CopyEngine, OneDirectionBlockedOnTheDeviceDoesNotHoldUpTheOther) {
   std::vector<char> src(kMiB), dst(kMiB), h2d_src(4 * kMiB), h2d_dst(h2d_src.size());
   testing::fill_pattern(src.data(), src.size(), 3);
