@@ -174,6 +174,26 @@ TEST(CopyEngine, AWaitTakesOverFromADispatcherHeldByTheBound) {
   EXPECT_EQ(second_dst, src);
 }
 
+TEST(CopyEngine, ADispatcherHeldByTheBoundEnqueuesNoMoreThanItAllows) {
+  // Invariant 2 while the dispatcher polls for the bound: two chunks fit, and
+  // none can run before the gate opens, so two are on the stream, not eight.
+  constexpr std::size_t kChunk = 64 * kKiB;
+  std::vector<char> src(8 * kChunk), dst(src.size());
+  testing::fill_pattern(src.data(), src.size(), 19);
+  auto backend = make_fake_backend({});
+  CopyEngine engine(*backend, CopyEngineOptions{.chunk_bytes = kChunk,
+                                                .max_inflight_bytes = 2 * kChunk});
+  Gate gate(*backend);
+  TransferPtr t = engine.submit(CopyKind::kDeviceToHost, dst.data(), src.data(), src.size(), 0,
+                                {gate.event()});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // many polls
+  EXPECT_EQ(engine.stats().chunks, 2u);
+  gate.open();
+  engine.synchronize(t);
+  EXPECT_EQ(engine.stats().chunks, 8u);
+  EXPECT_EQ(dst, src);
+}
+
 TEST(CopyEngine, OneDirectionBlockedOnTheDeviceDoesNotHoldUpTheOther) {
   std::vector<char> src(kMiB), dst(kMiB), h2d_src(4 * kMiB), h2d_dst(h2d_src.size());
   testing::fill_pattern(src.data(), src.size(), 3);
