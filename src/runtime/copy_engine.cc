@@ -54,6 +54,14 @@ struct CopyEngine::Lane {
   std::condition_variable work;
   std::condition_variable progress;
   std::thread worker;
+  // Touched by the dispatcher alone: its chunks on the stream not yet seen
+  // complete, oldest first, and their bytes (invariant 2).
+  struct InFlight {
+    std::shared_ptr<Event> event;
+    std::size_t bytes;
+  };
+  std::deque<InFlight> inflight;
+  std::size_t inflight_bytes = 0;
 };
 
 CopyEngine::CopyEngine(Backend& backend, const CopyEngineOptions& options)
@@ -122,58 +130,50 @@ TransferPtr CopyEngine::submit(CopyKind kind, void* dst, const void* src, std::s
   return t;
 }
 
+bool CopyEngine::await_room(Lane& lane, std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    lane.work.wait(lock, [&] { return stopping_ || !lane.pending.empty(); });
+    if (lane.pending.empty()) return false;
+    const Transfer& best = **lane.pending.begin();
+    const std::size_t next = std::min(options_.chunk_bytes, best.bytes_ - best.next_offset_);
+    // Invariant 2: bound the bytes in flight before adding this chunk, unless
+    // someone waits for its transfer; and while waiting for the bound, give
+    // way to a transfer someone starts waiting for (Note [Awaited transfers]).
+    if (best.priority_ == kAwaited || lane.inflight.empty() ||
+        lane.inflight_bytes + next <= options_.max_inflight_bytes) {
+      return true;
+    }
+    lock.unlock();
+    bool ran = true;
+    try {
+      ran = backend_.query(*lane.inflight.front().event);
+    } catch (...) {
+      // The failure belongs to the transfer; it surfaces at its wait.
+    }
+    lock.lock();
+    if (ran) {
+      lane.inflight_bytes -= lane.inflight.front().bytes;
+      lane.inflight.pop_front();
+      continue;
+    }
+    lane.work.wait_for(lock, kBoundPoll, [&] {
+      return !lane.pending.empty() && (*lane.pending.begin())->priority_ == kAwaited;
+    });
+  }
+}
+
 void CopyEngine::dispatch(Lane& lane) {
   try {
     backend_.bind_thread();
   } catch (...) {
     // Enqueues below fail and mark their transfers failed.
   }
-  struct InFlight {
-    std::shared_ptr<Event> event;
-    std::size_t bytes;
-  };
-  std::deque<InFlight> inflight;
-  std::size_t inflight_bytes = 0;
   for (;;) {
     TransferPtr t;
     std::size_t offset = 0, length = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      bool stop = false;
-      for (;;) {
-        lane.work.wait(lock, [&] { return stopping_ || !lane.pending.empty(); });
-        if (lane.pending.empty()) {  // stopping and drained
-          stop = true;
-          break;
-        }
-        const Transfer& best = **lane.pending.begin();
-        const std::size_t next = std::min(options_.chunk_bytes, best.bytes_ - best.next_offset_);
-        // Invariant 2: bound the bytes in flight before adding this chunk,
-        // unless someone waits for its transfer; and while waiting for the
-        // bound, give way to a transfer someone starts waiting for (Note
-        // [Awaited transfers]).
-        if (best.priority_ == kAwaited || inflight.empty() ||
-            inflight_bytes + next <= options_.max_inflight_bytes) {
-          break;
-        }
-        lock.unlock();
-        bool ran = true;
-        try {
-          ran = backend_.query(*inflight.front().event);
-        } catch (...) {
-          // The failure belongs to the transfer; it surfaces at its wait.
-        }
-        lock.lock();
-        if (ran) {
-          inflight_bytes -= inflight.front().bytes;
-          inflight.pop_front();
-          continue;
-        }
-        lane.work.wait_for(lock, kBoundPoll, [&] {
-          return !lane.pending.empty() && (*lane.pending.begin())->priority_ == kAwaited;
-        });
-      }
-      if (stop) break;
+      if (!await_room(lane, lock)) break;  // stopping and drained
       auto best = lane.pending.begin();
       t = *best;
       offset = t->next_offset_;
@@ -200,8 +200,8 @@ void CopyEngine::dispatch(Lane& lane) {
         backend_.record(*event, *lane.stream);
         t->chunk_events_.push_back(event);
         if (length > 0) {
-          inflight.push_back({std::move(event), length});
-          inflight_bytes += length;
+          lane.inflight.push_back({std::move(event), length});
+          lane.inflight_bytes += length;
         }
       } catch (...) {
         error = std::current_exception();

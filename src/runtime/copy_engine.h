@@ -192,6 +192,10 @@ class CopyEngine {
   struct Lane;
   Lane& lane_of(CopyKind kind);
   void dispatch(Lane& lane);
+  // For the dispatcher, holding `lock` on mu_: waits until the lane's most
+  // urgent pending transfer may enqueue its next chunk (invariant 2, Note
+  // [Awaited transfers]). False once stopping with nothing pending.
+  bool await_room(Lane& lane, std::unique_lock<std::mutex>& lock);
   // Makes `t` the most urgent of its lane and blocks until all its chunks
   // are enqueued (or it failed).
   void await_enqueued(const TransferPtr& t);
