@@ -2,7 +2,8 @@
 //
 // 1. The problem (budget_problem.h): candidates, recompute probes, the
 //    simulator's baseline and the fast model (budget_model.h).
-// 2. Search on the fast model (budget_search.h): greedy, then local search.
+// 2. Search on the fast model (budget_search.h): greedy, then local search,
+//    and from the other end (relax); the faster.
 // 3. Materialise, simulate in full, and search again with the full
 //    simulation's overshoot taken off when it does not fit.
 // 4. In torch.compile mode: the same with each longer just-in-time tail, the
@@ -115,15 +116,9 @@ std::optional<BudgetPlan> search(const BudgetProblem& problem, const plan::Budge
                                  std::int64_t& margin) {
   std::int64_t target = budget - margin;
   for (int attempt = 0; attempt < 4; ++attempt) {
-    if (!plan::greedy(model, target, state)) {
-      // The greedy order can strand a candidate on an action that frees less
-      // than another would; the most of everything is the last resort.
-      state = plan::everything(model);
-    }
-    std::vector<Decision> improved = state;
-    plan::improve(model, target, improved);
-    BudgetPlan plan = problem.materialise(improved);
-    const std::int64_t model_peak = model.evaluate(improved).peak;
+    const std::vector<Decision> chosen = plan::search(model, target, state);
+    BudgetPlan plan = problem.materialise(chosen);
+    const std::int64_t model_peak = model.evaluate(chosen).peak;
     margin = std::max(margin, plan.forecast.peak_bytes - model_peak);
     if (plan.forecast.peak_bytes <= budget) return plan;
     // The model misses transients (a recompute's intermediates): aim its

@@ -160,6 +160,103 @@ void improve(const BudgetModel& model, std::int64_t budget, std::vector<Decision
   }
 }
 
+bool relax(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d,
+           std::size_t max_candidates) {
+  if (model.size() > max_candidates) return false;
+  ModelScore score = model.evaluate(d);
+  if (score.peak > budget) return false;
+  // Lazy, as greedy: each change's time saved per byte put back is cached and
+  // evaluated again only when it comes first; when no cached change is worth
+  // taking, every one is evaluated once more before giving up.
+  const std::size_t k = model.size();
+  constexpr double kUnknown = -2;
+  constexpr double kNone = -1;  // puts the peak over budget or saves no time
+  std::vector<double> ratio(2 * k, kUnknown);  // [2i]: back to keep, [2i + 1]: to offload
+  auto allowed = [&](std::size_t i, Decision lighter) {
+    const Decision was = d[i];
+    if (lighter == Decision::kKeep) return was != Decision::kKeep;
+    return was == Decision::kRecompute && model.candidates()[i].can_offload;
+  };
+  auto true_ratio = [&](std::size_t i, Decision lighter) {
+    const Decision was = d[i];
+    d[i] = lighter;
+    const ModelScore tried = model.evaluate(d);
+    d[i] = was;
+    const double saved = score.step_ms - tried.step_ms;
+    if (tried.peak > budget || saved <= 1e-9) return kNone;
+    return saved / static_cast<double>(std::max<std::int64_t>(1, tried.peak - score.peak + 1));
+  };
+  struct Option {
+    double ratio;
+    std::size_t i;
+    Decision lighter;
+  };
+  std::vector<Option> options;
+  bool fresh = false;  // every cached ratio evaluated since the last change
+  while (true) {
+    options.clear();
+    for (std::size_t i = 0; i < k; ++i) {
+      for (Decision lighter : {Decision::kKeep, Decision::kOffload}) {
+        if (!allowed(i, lighter)) continue;
+        double& cached = ratio[2 * i + (lighter == Decision::kOffload ? 1 : 0)];
+        if (cached == kUnknown) cached = true_ratio(i, lighter);
+        if (cached > 0) options.push_back({cached, i, lighter});
+      }
+    }
+    std::sort(options.begin(), options.end(),
+              [](const Option& a, const Option& b) { return a.ratio > b.ratio; });
+    // Refresh the front until it stays in front.
+    while (!options.empty()) {
+      Option& front = options[0];
+      front.ratio = true_ratio(front.i, front.lighter);
+      ratio[2 * front.i + (front.lighter == Decision::kOffload ? 1 : 0)] = front.ratio;
+      if (front.ratio > 0 && (options.size() == 1 || front.ratio >= options[1].ratio)) break;
+      const Option moved = front;
+      options.erase(options.begin());
+      if (moved.ratio > 0) {
+        options.insert(std::upper_bound(options.begin(), options.end(), moved,
+                                        [](const Option& a, const Option& b) {
+                                          return a.ratio > b.ratio;
+                                        }),
+                       moved);
+      }
+    }
+    if (options.empty()) {
+      if (fresh) return true;
+      std::fill(ratio.begin(), ratio.end(), kUnknown);
+      fresh = true;
+      continue;
+    }
+    const Option pick = options[0];
+    d[pick.i] = pick.lighter;
+    ratio[2 * pick.i] = ratio[2 * pick.i + 1] = kUnknown;  // its options changed
+    score = model.evaluate(d);
+    fresh = false;
+  }
+}
+
+std::vector<Decision> search(const BudgetModel& model, std::int64_t budget,
+                             std::vector<Decision>& state) {
+  if (!greedy(model, budget, state)) {
+    // The greedy order can strand a candidate on an action that frees less
+    // than another would; the most of everything is the last resort.
+    state = everything(model);
+  }
+  std::vector<Decision> improved = state;
+  improve(model, budget, improved);
+  std::vector<Decision> relaxed = everything(model);
+  if (!relax(model, budget, relaxed)) return improved;
+  improve(model, budget, relaxed);
+  const ModelScore from_top = model.evaluate(improved);
+  const ModelScore from_bottom = model.evaluate(relaxed);
+  const bool top_fits = from_top.peak <= budget;
+  if (from_bottom.peak <= budget &&
+      (!top_fits || from_bottom.step_ms < from_top.step_ms - 1e-9)) {
+    return relaxed;
+  }
+  return improved;
+}
+
 std::vector<Decision> everything(const BudgetModel& model) {
   std::vector<Decision> d(model.size(), Decision::kKeep);
   for (std::size_t i = 0; i < model.size(); ++i) {

@@ -21,6 +21,28 @@ bool greedy(const BudgetModel& model, std::int64_t budget, std::vector<Decision>
 // bytes break the budget is skipped without a full evaluation).
 void improve(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d);
 
+// From `d`, whose model peak fits `budget`, takes decisions back one at a
+// time (recompute to offload or keep, offload to keep) while the peak still
+// fits: each round the change that saves the most time per byte it puts
+// back, until none saves time. The search from the other end: greedy adds
+// what frees bytes at the current peak cheapest, and can end where no single
+// change of improve() helps (on T1's block graph at full checkpointing's
+// memory, checkpointed blocks where recomputing only their cheap parts and
+// offloading the rest is faster). Returns false, `d` unchanged, where `d`
+// does not fit or the model has more than `max_candidates` candidates (it
+// evaluates each at least once a round: the 512 of the Llama-3-8B graph's
+// model would double a sweep's time).
+bool relax(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d,
+           std::size_t max_candidates = 128);
+
+// The default search: greedy from `state` (everything it can take off where
+// greedy strands), then improve; and relax from everything, then improve.
+// Returns the faster of the two whose model peak fits `budget` (the greedy
+// one when neither fits or relax does not run); `state` is left where greedy ended, for the next
+// budget of a sweep.
+std::vector<Decision> search(const BudgetModel& model, std::int64_t budget,
+                             std::vector<Decision>& state);
+
 // The most each candidate can take off: recompute where allowed (it frees
 // longer), else offload where allowed, else keep.
 std::vector<Decision> everything(const BudgetModel& model);
