@@ -14,12 +14,17 @@ bytes; this module writes them as a graph whose nodes stand for whole blocks:
                                     one uint8 [1, bytes] tensor; time = forward
                                     (where C_k is split off: the rest, and
                                     forward - cheap)
-      b{k}_cheap(S_k)     -> C_k    where a block has both: the saved tensors
+      b{k}_linear(S_k)    -> L_k    where a block has them: the saved tensors
+                                    a linear recipe rebuilds (_recipes.py,
+                                    Note [Linear recipes]); time = its matmuls
+      b{k}_cheap(L_k)     -> C_k    where a block has both: the saved tensors
                                     a selective recompute rebuilds from the
                                     rest (_recipes.py); time = the ops that
-                                    rebuild them
+                                    rebuild them; its argument S_k where the
+                                    block has no L_k
       b{k}_output(C_k)    -> X_k    the block output, time 0, with the module
                                     stack of block k+1 (whose input it is)
+                                    (the last of S_k, L_k, C_k the block has)
     post_forward(X_last) -> post_saved; loss(post_saved) -> loss
     post_backward(post_saved, loss) -> G_last; other_param_grads(G_last)
     with the head split (Note [The head's late tensors]):
@@ -27,6 +32,7 @@ bytes; this module writes them as a graph whose nodes stand for whole blocks:
       post_backward(post_saved, loss) -> token; head_backward(H, token) -> G_last
     per call k, last first:
       b{k}_backward(S_k, X_k-1, G_k) -> G_k-1    time = backward without recompute
+                                      (S_k, L_k, C_k: those the block has)
       b{k}_param_grads(G_k-1) -> dW_k            the block's new .grad storages
     pre_backward(pre_saved, G_-1); output(loss, every dW)
 
@@ -34,7 +40,9 @@ The planner's candidates are then S_k (keep / offload / recompute: rebuild
 S_k by running b{k}_forward again from X_k-1, i.e. checkpoint the block), C_k
 (keep / offload / recompute from S_k: the block runs under _recipes.Recorder;
 with S_k recomputed the block is checkpointed whatever C_k's choice, and the
-plan counted C_k as held or moved, more than the run holds or moves) and
+plan counted C_k as held or moved, more than the run holds or moves), L_k
+(as C_k; the planner sees it rebuilt from S_k, the run from the cheap set
+and the block's weights: the time is the same, the matmuls) and
 X_k (keep / offload; X_k-1 offloaded with S_k recomputed is a checkpointed
 block whose saved input goes to host memory; X_-1 too, block 0's input) and H
 (keep / offload, the head's late tensors). b{k}_output's schema says
@@ -79,6 +87,7 @@ _OPS = {
     "input": (["input"], False),
     "forward": (["input"], False),
     "cheap": (["saved"], False),
+    "linear": (["saved"], False),
     "output": (["saved"], True),  # never recomputed: see the module docstring
     "post": (["input"], False),
     "loss": (["saved"], True),
@@ -86,6 +95,7 @@ _OPS = {
     "head_backward": (["saved", "grad_output"], False),
     "backward": (["saved", "input", "grad_output"], False),
     "backward_split": (["saved", "cheap", "input", "grad_output"], False),
+    "backward_split_linear": (["saved", "linear", "cheap", "input", "grad_output"], False),
     "param_grads": (["grad_input"], False),
     "pre_backward": (["saved", "grad_output"], False),
     # Note [Where the step peaks]: memory a stretch's nodes take while they run.
@@ -93,7 +103,8 @@ _OPS = {
 }
 # The nodes that run beside a transient: their op with it as one more argument.
 _OPS.update({f"{name}_transient": (_OPS[name][0] + ["transient"], _OPS[name][1])
-             for name in ("post", "post_backward", "backward", "backward_split")})
+             for name in ("post", "post_backward", "backward", "backward_split",
+                          "backward_split_linear")})
 
 
 @dataclass
@@ -114,6 +125,11 @@ class BlockCall:
     cheap_ms: float = 0.0
     cheap_traffic: tuple[int, int] = (0, 0)  # bytes its ops move, op count
     cheap_timed: bool = False  # cheap_ms timed on the device; else estimated from cheap_traffic
+    # Of saved_bytes, apart from cheap_bytes: the storages a linear recipe rebuilds from
+    # the rest and the cheap set (_recipes.py, Note [Linear recipes]), and the time of the
+    # matmuls that rebuild them, timed on the device (untimed: linear_bytes is 0).
+    linear_bytes: int = 0
+    linear_ms: float = 0.0
     # Note [What a kept block holds]: of saved_bytes, the storages only the recipes hold
     # (the bf16 input of an RMSNorm's float copy, which autograd does not save); whether
     # autograd saves the storage of the block's first input. None: not measured (a
@@ -236,20 +252,26 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
         # then the token, so an offload of X_k-1, whose forward wait takes that last use
         # as an argument (offload_rewrite.h), does not hold S_k up to it.
         token = w.op("input", [x], "forward", stacks[k], 4, 0.0, f"b{k}_input")
-        if not checkpointed and 0 < call.cheap_bytes < call.saved_bytes:
-            s = w.op("forward", [token], "forward", stacks[k],
-                     call.saved_bytes - call.cheap_bytes,
-                     max(0.0, call.forward_ms - call.cheap_ms), f"b{k}_forward")
-            c = w.op("cheap", [s], "forward", stacks[k], call.cheap_bytes, call.cheap_ms,
-                     f"b{k}_cheap")
-        else:
-            s = c = w.op("forward", [token], "forward", stacks[k], call.saved_bytes,
-                         call.forward_ms, f"b{k}_forward")
-        saved.append((s, c))
+        # The parts S_k, L_k, C_k that the block has, each made from the one before.
+        rest = call.saved_bytes - call.cheap_bytes - call.linear_bytes
+        apart = [(name, nbytes, ms) for name, nbytes, ms in (
+                     ("linear", call.linear_bytes, call.linear_ms),
+                     ("cheap", call.cheap_bytes, call.cheap_ms)) if nbytes > 0]
+        if checkpointed or rest <= 0 or not apart:
+            apart = []
+        parts = [w.op("forward", [token], "forward", stacks[k],
+                      rest if apart else call.saved_bytes,
+                      max(0.0, call.forward_ms - sum(ms for _, _, ms in apart)),
+                      f"b{k}_forward")]
+        for name, nbytes, ms in apart:
+            parts.append(w.op(name, [parts[-1]], "forward", stacks[k], nbytes, ms,
+                              f"b{k}_{name}"))
+        saved.append(parts)
         # X_k is the next block's input: it carries that block's stack, so the planner's
         # regions (release lag, reload lead) count from the block that saves it.
         x_stack = stacks[k + 1] if k + 1 < len(profile.calls) else stacks[k]
-        x = w.op("output", [c], "forward", x_stack, call.output_bytes, 0.0, f"b{k}_output")
+        x = w.op("output", [parts[-1]], "forward", x_stack, call.output_bytes, 0.0,
+                 f"b{k}_output")
     def transient(nbytes: int, phase: str, stack: list[str], name: str) -> list[int]:
         return [w.op("transient", [resident], phase, stack, nbytes, 0.0, name)] if nbytes else []
 
@@ -273,22 +295,20 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
                   profile.other_new_grad_bytes, 0.0, "other_param_grads")]
     for k in reversed(range(len(profile.calls))):
         call = profile.calls[k]
-        s, c = saved[k]
+        parts = saved[k]
         if checkpointed:
             token = w.op("input", [inputs[k]], "backward", stacks[k], 4, 0.0,
                          f"b{k}_recompute_input")
-            s = w.op("forward", [token], "backward", stacks[k], call.saved_bytes,
-                     call.forward_ms, f"b{k}_recompute")
-            c = s  # the profiling step: no block split, everything rebuilt
+            # The profiling step: no block split, everything rebuilt.
+            parts = [w.op("forward", [token], "backward", stacks[k], call.saved_bytes,
+                          call.forward_ms, f"b{k}_recompute")]
         grad_in_bytes = profile.calls[k - 1].output_bytes if k > 0 else first_input
         own = transient(t_block, "backward", stacks[k], f"b{k}_transient")
         suffix = "_transient" if own else ""
-        if c != s:
-            grad = w.op(f"backward_split{suffix}", [s, c, inputs[k], grad, *own], "backward",
-                        stacks[k], grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
-        else:
-            grad = w.op(f"backward{suffix}", [s, inputs[k], grad, *own], "backward", stacks[k],
-                        grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
+        # Two parts: S_k and C_k or L_k (backward_split's second argument is either).
+        op = {1: "backward", 2: "backward_split", 3: "backward_split_linear"}[len(parts)]
+        grad = w.op(f"{op}{suffix}", [*parts, inputs[k], grad, *own], "backward", stacks[k],
+                    grad_in_bytes, call.plain_backward_ms(), f"b{k}_backward")
         grads.append(w.op("param_grads", [grad], "backward", stacks[k],
                           call.new_grad_bytes, 0.0, f"b{k}_param_grads"))
     done = w.op("pre_backward", [pre_saved, grad], "backward", [], 4,
@@ -334,7 +354,8 @@ def as_run_peak(timeline: list[dict], decisions: dict[str, str],
     """(peak bytes, node) of a planned block graph as the run holds them (Note [What a
     kept block holds]): the planned step's timeline (plan_memory_budget's or
     simulate_graph's, with timeline=True) less, from b{k}_output to b{k}_backward, for
-    each block whose plan rebuilds neither S_k nor C_k: X_k-1 where the block does not
+    each block whose plan rebuilds neither S_k nor C_k (a linear recipe holds neither
+    X_k-1 nor extras: Note [Linear recipes]): X_k-1 where the block does not
     save its input and the plan keeps X_k-1 (an offloaded one's device bytes stay), and
     the extras where the plan keeps S_k. decisions: candidate name -> decision (absent:
     keep). A profile without the measurement (saves_input None) changes nothing."""

@@ -226,6 +226,9 @@ class BlockChoice:
     # with saved == "recompute" the whole block is checkpointed whatever this says.
     cheap: str = "keep"
     cheap_bytes: int = 0
+    # The same for the saved tensors a linear recipe rebuilds (Note [Linear recipes]).
+    linear: str = "keep"
+    linear_bytes: int = 0
 
     @property
     def checkpoint(self) -> bool:
@@ -239,13 +242,23 @@ class _CallPolicy:
     offload_input: bool
     input_keys: frozenset = frozenset()
     lag: int | None = None  # the release lag of what the call offloads; None: the context's
-    # The rebuildable saved tensors (_recipes.py): None: as the rest (no recorder);
-    # "keep" | "offload" | "recompute" otherwise.
+    # The rebuildable saved tensors (_recipes.py), cheap and linear (Note [Linear
+    # recipes]): None: as the rest; "keep" | "offload" | "recompute" otherwise. A call
+    # with either runs under a Recorder.
     cheap: str | None = None
+    linear: str | None = None
 
     @property
     def offload_cheap(self) -> bool:
         return self.offload_saved if self.cheap is None else self.cheap == "offload"
+
+    @property
+    def offload_linear(self) -> bool:
+        return self.offload_saved if self.linear is None else self.linear == "offload"
+
+    @property
+    def recorded(self) -> bool:
+        return self.cheap is not None or self.linear is not None
 
 
 class EagerBudgetPlan:
@@ -331,8 +344,10 @@ class EagerBudgetPlan:
     def __repr__(self) -> str:
         mix = {}
         for c in self.choices:
-            key = c.saved + ("" if c.cheap == c.saved or c.saved == "recompute"
-                             else f"+cheap {c.cheap}")
+            key = c.saved
+            for part, decision in (("linear", c.linear), ("cheap", c.cheap)):
+                if decision != c.saved and c.saved != "recompute":
+                    key += f"+{part} {decision}"
             key += "+input offload" if c.input == "offload" else ""
             mix[key] = mix.get(key, 0) + 1
         if self.head == "offload":
@@ -372,6 +387,8 @@ class _Recording:
         # Per call (its index in calls) with rebuildable saved tensors: their rebuild,
         # apart from the step's tensors (the planner times it).
         self.probes: dict[int, RebuildProbe] = {}
+        # The same for each call's linear recipes (Note [Linear recipes], _recipes.py).
+        self.linear_probes: dict[int, RebuildProbe] = {}
         self.marks: list[dict] = []  # per call: fwd_start, fwd_end, bwd_start, bwd_end
         self.model_start = clock.mark()
         self.model_end = None
@@ -484,10 +501,11 @@ class BudgetedOffload(eager.OffloadActivations):
         self._layer_policy: dict[int, _CallPolicy] = {}
         self._saved_forwards: list = []
         self._warned_cache = False
-        # The block call running under a Recorder (plan mode, a policy with `cheap`):
-        # its RecipeScope and policy; the store's classification of the tensor being packed.
+        # The block call running under a Recorder (plan mode, a policy with `cheap` or
+        # `linear`): its RecipeScope and policy; the part ("cheap", "linear") of the call's
+        # saved tensors the store is packing, None: the rest.
         self._recipes: tuple[RecipeScope, _CallPolicy] | None = None
-        self._packing_cheap = False
+        self._packing_part: str | None = None
         self._recomputed = {"tensors_recomputed": 0, "bytes_recomputed": 0}
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
         # Note [The head's late tensors]: the plan offloads them (from the profile: the
@@ -656,7 +674,7 @@ class BudgetedOffload(eager.OffloadActivations):
             policy = self._policies[ordinal]
         self._call_state = (ordinal, self._pass_mode, policy)
         if policy is None or not (policy.offload_saved or policy.offload_input
-                                  or policy.offload_cheap):
+                                  or policy.offload_cheap or policy.offload_linear):
             return False
         keys = frozenset(k for k in map(storage_key, _tensors(args)) if k is not None)
         self._layer_policy[self._next_layer] = dataclasses.replace(policy, input_keys=keys)
@@ -670,8 +688,10 @@ class BudgetedOffload(eager.OffloadActivations):
             policy = self._layer_policy.get(self._current.index)
             if policy is not None:
                 is_input = storage_key(t) in policy.input_keys
+                part = self._packing_part
                 offload = (policy.offload_input if is_input else
-                           policy.offload_cheap if self._packing_cheap else policy.offload_saved)
+                           policy.offload_cheap if part == "cheap" else
+                           policy.offload_linear if part == "linear" else policy.offload_saved)
                 if not offload:
                     reason = "layer_not_selected"  # the plan keeps this part of the layer
         return reason
@@ -696,7 +716,7 @@ class BudgetedOffload(eager.OffloadActivations):
                 self._warn_cache(kwargs)
                 out = checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
                                  **kwargs)
-            elif policy is not None and policy.cheap is not None:
+            elif policy is not None and policy.recorded:
                 out = self._recorded_call(policy, original, args, kwargs)
             else:
                 out = original(*args, **kwargs)
@@ -730,17 +750,33 @@ class BudgetedOffload(eager.OffloadActivations):
         if recipes is None or self._in_backward() or isinstance(t, nn.Parameter):
             return super()._pack(t)
         scope, policy = recipes
-        node = scope.node_for(t) if t.device == self._device else None
-        if node is not None and policy.cheap == "recompute":
+        # Which part t is of: cheap (elementwise recipes), linear (Note [Linear recipes]:
+        # asked only where the plan treats that part apart), or the rest.
+        part, node = None, None
+        if t.device == self._device:
+            node = scope.node_for(t)
+            part = "cheap" if node is not None else None
+            if node is None and policy.linear is not None:
+                node = scope.node_for(t, linear=True)
+                part = "linear" if node is not None else None
+        decision = policy.cheap if part == "cheap" else policy.linear if part == "linear" else None
+        if node is not None and decision == "recompute":
             with self._lock:
                 self._recomputed["tensors_recomputed"] += 1
                 self._recomputed["bytes_recomputed"] += t.untyped_storage().nbytes()
-            return Recipe(self, node, t, scope.results)
-        self._packing_cheap = node is not None
+            packed = Recipe(self, node, t, scope.results)
+            # A linear recipe reads the cheap set as packed; the rest of the cheap set reads a
+            # rebuilt linear output as any packed input (its recipe unpacks it).
+            if part == "cheap":
+                scope.note_packed(t, packed, cheap=True)
+            else:
+                scope.note_packed(t, packed)
+            return packed
+        self._packing_part = part
         try:
             packed = super()._pack(t)
         finally:
-            self._packing_cheap = False
+            self._packing_part = None
         scope.note_packed(t, packed)
         return packed
 
@@ -889,6 +925,9 @@ class BudgetedOffload(eager.OffloadActivations):
         cheap: dict = {}
         ops: dict[int, object] = {}
         roots: dict = {}  # what rebuilds each rebuildable saved storage
+        # The same for the linear recipes (Note [Linear recipes]): None where a save of
+        # the storage was not one.
+        linear: dict = {}
         saved_by_autograd = set()
 
         def extra(t):  # held by a recipe: saved like the rest
@@ -910,8 +949,11 @@ class BudgetedOffload(eager.OffloadActivations):
                 if node is not None:
                     ops.update((id(n.made), n.made) for n in nodes_of(node))
                     roots.setdefault(key, node)
+                    scope.note_packed(t, t.detach(), cheap=True)  # never t: see _recipes._Arg
                 else:
-                    scope.note_packed(t, t.detach())  # never t: see _recipes._Arg
+                    node = scope.node_for(t, linear=True)
+                    linear[key] = node if linear.get(key, node) is not None else None
+                    scope.note_packed(t, t.detach())
             return outer_pack(t)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack), recorder:
@@ -920,6 +962,9 @@ class BudgetedOffload(eager.OffloadActivations):
         outside = input_keys | output_keys
         call.saved_bytes = sum(n for k, n in seen.items() if k not in outside)
         call.cheap_bytes = sum(n for k, n in seen.items() if k not in outside and cheap[k])
+        linear_roots = {k: node for k, node in linear.items()
+                        if node is not None and k not in outside and not cheap.get(k, False)}
+        call.linear_bytes = sum(seen[k] for k in linear_roots)
         # Note [What a kept block holds] (_budget_graph.py).
         call.extra_bytes = sum(n for k, n in seen.items()
                                if k not in outside and k not in saved_by_autograd)
@@ -931,6 +976,8 @@ class BudgetedOffload(eager.OffloadActivations):
         rebuilt = [node for k, node in roots.items() if k not in outside and cheap[k]]
         if rebuilt:
             rec.probes[position] = RebuildProbe(rebuilt)
+        if linear_roots:
+            rec.linear_probes[position] = RebuildProbe(list(linear_roots.values()))
         return out
 
     def _note_backward(self) -> None:
@@ -1095,6 +1142,15 @@ class BudgetedOffload(eager.OffloadActivations):
             call.cheap_timed = ms is not None
             call.cheap_ms = ms if ms is not None else rebuild_ms(
                 self._simulate, *call.cheap_traffic, str(self._device))
+            # Linear recipes (Note [Linear recipes]): timed, or not offered (their matmuls
+            # have no estimate worth planning on).
+            probe = self._profiled[0].linear_probes.get(k)
+            if probe is not None and probe.signature not in timed:
+                timed[probe.signature] = self._time_probe(probe)
+            ms = timed[probe.signature] if probe is not None else None
+            call.linear_ms = ms or 0.0
+            if ms is None:
+                call.linear_bytes = 0
 
     def _time_probe(self, probe: RebuildProbe) -> float | None:
         try:
@@ -1133,19 +1189,20 @@ class BudgetedOffload(eager.OffloadActivations):
     @staticmethod
     def _policies_of(result: dict, profile: StepProfile):
         n = len(profile.calls)
-        saved, output, cheap = ["keep"] * n, ["keep"] * n, [None] * n
-        saved_lag, output_lag, cheap_lag = [None] * n, [None] * n, [None] * n
+        saved, output, cheap, linear = ["keep"] * n, ["keep"] * n, [None] * n, [None] * n
+        saved_lag, output_lag, cheap_lag, linear_lag = [None] * n, [None] * n, [None] * n, [None] * n
         first_input, first_input_lag = "keep", None  # X_-1, block 0's input
         for choice in result["choices"]:
             if choice["name"] == "pre_output":
                 first_input, first_input_lag = choice["decision"], choice.get("release_lag")
                 continue
-            m = re.fullmatch(r"b(\d+)_(forward|output|cheap)", choice["name"])
+            m = re.fullmatch(r"b(\d+)_(forward|output|cheap|linear)", choice["name"])
             if m is None:
                 continue
             k = int(m.group(1))
             decisions, lags = {"forward": (saved, saved_lag), "output": (output, output_lag),
-                               "cheap": (cheap, cheap_lag)}[m.group(2)]
+                               "cheap": (cheap, cheap_lag),
+                               "linear": (linear, linear_lag)}[m.group(2)]
             decisions[k] = choice["decision"]
             lags[k] = choice.get("release_lag")
         policies, choices = [], []
@@ -1160,17 +1217,20 @@ class BudgetedOffload(eager.OffloadActivations):
             lags = []
             if saved[k] == "offload" and saved_lag[k] is not None:
                 lags.append(max(0, saved_lag[k] - 1))
-            if cheap[k] == "offload" and cheap_lag[k] is not None:
-                lags.append(max(0, cheap_lag[k] - 1))
+            for part, part_lag in ((cheap, cheap_lag), (linear, linear_lag)):
+                if part[k] == "offload" and part_lag[k] is not None:
+                    lags.append(max(0, part_lag[k] - 1))
             # A block whose rebuildable tensors go their own way runs under a Recorder.
-            apart = cheap[k] is not None and cheap[k] != saved[k] and saved[k] != "recompute"
+            def apart(part):
+                return part is not None and part != saved[k] and saved[k] != "recompute"
             if input_decision == "offload" and input_lag is not None:
                 lags.append(max(0, input_lag - 1))
             lag = max(lags) if lags else None
             policies.append(_CallPolicy(checkpoint=saved[k] == "recompute",
                                         offload_saved=saved[k] == "offload",
                                         offload_input=input_decision == "offload", lag=lag,
-                                        cheap=cheap[k] if apart else None))
+                                        cheap=cheap[k] if apart(cheap[k]) else None,
+                                        linear=linear[k] if apart(linear[k]) else None))
             choices.append(BlockChoice(call=k, block=call.path, saved=saved[k],
                                        input=input_decision, lag=lag,
                                        saved_bytes=call.saved_bytes,
@@ -1178,7 +1238,9 @@ class BudgetedOffload(eager.OffloadActivations):
                                        forward_ms=call.forward_ms,
                                        backward_ms=call.plain_backward_ms(),
                                        cheap=cheap[k] or saved[k],
-                                       cheap_bytes=call.cheap_bytes))
+                                       cheap_bytes=call.cheap_bytes,
+                                       linear=linear[k] or saved[k],
+                                       linear_bytes=call.linear_bytes))
         return policies, choices
 
     @staticmethod
