@@ -588,6 +588,142 @@ def test_the_block_graph_splits_the_rebuildable_bytes_and_the_plan_maps_them():
     assert decisions["b0_forward"] == decisions["b1_forward"] == decisions["b2_forward"] == "keep"
 
 
+# ---- linear recipes (_recipes.py, Note [Linear recipes]) ---------------------
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-bf16", "gpt2-dropout"])
+def test_the_profile_finds_what_a_linear_recipe_rebuilds(name):
+    """A Llama block's gate and up projections (each tokens x intermediate) are the
+    saved tensors only a matmul rebuilds: L_k, apart from C_k, its rebuild timed. GPT-2's
+    projections are Conv1D (addmm), which no recipe runs again: no L_k there."""
+    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
+            else WORKLOADS[name]())
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    calls = ctx.plan.profile.calls
+    if name == "gpt2-dropout":
+        assert all(c.linear_bytes == 0 for c in calls), calls
+        return
+    config = work.model.config
+    tokens = work.ids.numel()
+    element = work.model.dtype.itemsize
+    expected = 2 * tokens * config.intermediate_size * element
+    assert all(c.linear_bytes == expected for c in calls), (expected, calls)
+    assert all(c.cheap_bytes + c.linear_bytes < c.saved_bytes and c.linear_ms > 0
+               for c in calls), calls
+    assert sorted(ctx._profiled[0].linear_probes) == list(range(len(calls)))
+
+
+_LINEAR_COMBINATIONS = [("keep", "keep", "recompute"), ("keep", "recompute", "recompute"),
+                        ("offload", "recompute", "recompute"), ("keep", "keep", "offload"),
+                        ("keep", "recompute", "offload"), ("offload", "offload", "keep")]
+
+
+@pytest.mark.parametrize("saved, cheap, linear", _LINEAR_COMBINATIONS)
+@pytest.mark.parametrize("name", ["llama", "llama-bf16"])
+def test_linear_recipes_go_their_own_way_bit_exactly(name, saved, cheap, linear, no_leaks):
+    """L_k kept, offloaded or rebuilt by F.linear apart from S_k and C_k (each its own
+    way, C_k rebuilt or not): loss and gradients bit-equal on every step, and the bytes go
+    where the policy says."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
+            else WORKLOADS[name]())
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    calls = ctx.plan.profile.calls
+    linear_bytes = sum(c.linear_bytes for c in calls)
+    cheap_bytes = sum(c.cheap_bytes for c in calls)
+    assert linear_bytes > 0
+    ctx._policies = [_CallPolicy(checkpoint=False, offload_saved=saved == "offload",
+                                 offload_input=False, lag=0, cheap=cheap, linear=linear)
+                     for _ in ctx._policies]
+    before = ctx.stats()
+    steps = 3
+    _run(work, ctx, steps=steps)
+    stats = ctx.stats()
+    moved = stats["bytes_offloaded"] - before["bytes_offloaded"]
+    rebuilt = stats["bytes_recomputed"] - before["bytes_recomputed"]
+    expected_rebuilt = ((linear_bytes if linear == "recompute" else 0)
+                        + (cheap_bytes if cheap == "recompute" else 0))
+    # (A cheap tensor saved by several ops, the normalised input by q, k and v, is packed
+    # as a recipe each time and counted each time.)
+    if cheap == "recompute":
+        assert rebuilt >= steps * expected_rebuilt, (rebuilt, expected_rebuilt, stats)
+    else:
+        assert rebuilt == steps * expected_rebuilt, (rebuilt, expected_rebuilt, stats)
+    if saved == "keep":
+        expected_moved = ((linear_bytes if linear == "offload" else 0)
+                          + (cheap_bytes if cheap == "offload" else 0))
+        assert moved == steps * expected_moved, (moved, expected_moved)
+    else:
+        assert moved > 0
+
+
+def test_nothing_is_recorded_under_autocast():
+    """An op recorded under autocast would run again outside it, in another dtype: the
+    Recorder leaves such outputs unrecorded (saved as the rest)."""
+    from spillway.activations._recipes import Recorder
+
+    linear = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    recorder = Recorder({})
+    with recorder:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.nn.functional.silu(linear(x))
+        z = torch.nn.functional.silu(linear(x))
+    assert y.dtype == torch.bfloat16 and z.dtype == torch.float32
+    assert len(recorder.made) == 2  # z and linear(x) outside autocast only
+
+
+def test_the_block_graph_adds_the_linear_part_and_the_plan_maps_it():
+    from spillway.activations._budget_graph import BlockCall, StepProfile, block_graph
+    from spillway.activations._eager_budget import BudgetedOffload
+
+    calls = [BlockCall(block=k, path=f"layers.{k}", forward_ms=5.0, backward_ms=15.0,
+                       saved_bytes=1000 << 20, input_bytes=64 << 20, output_bytes=64 << 20,
+                       cheap_bytes=(400 << 20) if k != 1 else 0, cheap_ms=0.5,
+                       linear_bytes=(300 << 20) if k else 0, linear_ms=1.5)
+             for k in range(3)]
+    profile = StepProfile(calls=calls)
+    graph = block_graph(profile, resident_bytes=1 << 30, offset_bytes=0)
+    nodes = {n["name"]: n for n in graph["nodes"]}
+    assert "b0_linear" not in nodes and nodes["b0_forward"]["value"]["sizes"] == [1, 600 << 20]
+    assert nodes["b2_forward"]["value"]["sizes"] == [1, 300 << 20]
+    assert nodes["b2_forward"]["time_ms"] == 3.0
+    assert nodes["b2_linear"]["args"] == [{"node": nodes["b2_forward"]["id"]}]
+    assert nodes["b2_cheap"]["args"] == [{"node": nodes["b2_linear"]["id"]}]
+    assert nodes["b2_output"]["args"] == [{"node": nodes["b2_cheap"]["id"]}]
+    assert nodes["b2_backward"]["target"] == "eager_block.backward_split_linear.default"
+    assert [a["node"] for a in nodes["b2_backward"]["args"][:3]] == [
+        nodes[f"b2_{part}"]["id"] for part in ("forward", "linear", "cheap")]
+    assert "b1_cheap" not in nodes  # L_1 alone: S_1 and L_1
+    assert nodes["b1_backward"]["target"] == "eager_block.backward_split.default"
+
+    result = {"choices": [
+        {"name": "b1_forward", "decision": "keep"},
+        {"name": "b1_linear", "decision": "recompute"},
+        {"name": "b2_forward", "decision": "offload"},
+        {"name": "b2_linear", "decision": "offload"},
+        {"name": "b2_cheap", "decision": "recompute"}]}
+    policies, choices = BudgetedOffload._policies_of(result, profile)
+    assert [p.linear for p in policies] == [None, "recompute", None]  # b2: as S_2
+    assert [p.cheap for p in policies] == [None, None, "recompute"]
+    assert [p.recorded for p in policies] == [False, True, True]
+    assert policies[2].offload_linear and policies[2].offload_saved
+    assert [(c.saved, c.linear, c.cheap) for c in choices] == [
+        ("keep", "keep", "keep"), ("keep", "recompute", "keep"),
+        ("offload", "offload", "recompute")]
+    # 600 MiB below the peak (the last block's backward, where b2's parts are back: only
+    # b0 and b1 count), more than b0's cheap part frees: b1's linear part (300 MiB, 1.5
+    # ms) rather than checkpointing b1 (700 MiB, 3.5 ms).
+    text = json.dumps(graph)
+    baseline = json.loads(_C.simulate_graph(text))["peak_bytes"]
+    result = json.loads(_C.plan_memory_budget(text, baseline - (600 << 20), min_bytes=0,
+                                              allow_offload=False, release_when_copied=True))
+    decisions = {c["name"]: c["decision"] for c in result["choices"]}
+    assert decisions["b0_cheap"] == decisions["b1_linear"] == "recompute", decisions
+    assert "recompute" not in {decisions[f"b{k}_forward"] for k in range(3)}, decisions
+
+
 def _rebuilding_block(mutate: str):
     """A block whose SiLU output is rebuildable; `mutate` writes a saved tensor in place."""
 
@@ -795,6 +931,42 @@ def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
         saved_by_rebuild = kept_peak - peaks["keep", "recompute"]
         assert 0.7 * cheap <= saved_by_rebuild <= 1.05 * cheap, (saved_by_rebuild, cheap)
         assert peaks["offload", "recompute"] < peaks["keep", "recompute"]
+
+
+@needs_cuda
+def test_cuda_linear_recipes_rebuild_the_projections_bit_exactly():
+    """bf16 Llama on the GPU (Note [Linear recipes]): every block rebuilds its gate and up
+    projections with F.linear in backward, its cheap part too, or offloads them. Bit-equal
+    on every step (the same GEMM on the same operands); rebuilding the projections beside
+    the cheap part lowers the peak further, by about what the profile said they hold."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    with deterministic_cuda():
+        work = _cuda_llama()
+
+        def step(ctx):
+            return _cuda_step(work, ctx)
+
+        step(None)
+        ref_loss, ref_grads, _ = step(None)
+        ctx = offload_activations(work.model, memory_budget=1.0)
+        for k in range(3):
+            loss, grads, _ = step(ctx)
+            _assert_same(loss, grads, ref_loss, ref_grads, k)
+        calls = ctx.plan.profile.calls
+        linear = sum(c.linear_bytes for c in calls)
+        assert all(c.linear_bytes > 0 and 0 < c.linear_ms < c.forward_ms for c in calls), calls
+        peaks = {}
+        for cheap, rebuilt in [("recompute", "keep"), ("recompute", "recompute"),
+                               ("keep", "recompute"), ("recompute", "offload")]:
+            ctx._policies = [_CallPolicy(False, False, False, lag=0, cheap=cheap, linear=rebuilt)
+                             for _ in calls]
+            for k in range(2):
+                loss, grads, peaks[cheap, rebuilt] = step(ctx)
+                _assert_same(loss, grads, ref_loss, ref_grads, k)
+        saved_by_rebuild = peaks["recompute", "keep"] - peaks["recompute", "recompute"]
+        assert 0.7 * linear <= saved_by_rebuild <= 1.05 * linear, (saved_by_rebuild, linear)
+        assert peaks["recompute", "offload"] < peaks["recompute", "keep"]
 
 
 @needs_cuda

@@ -23,7 +23,10 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      checkpoint's (no extra forward: no RNG draw, no extra module state
      update), which of those a selective recompute could rebuild from the
      rest (_recipes.py: C_k, and the bytes its elementwise ops move, timed
-     by the simulator's bandwidth estimate when the plan is made), and its
+     by the simulator's bandwidth estimate when the plan is made), which
+     others a linear recipe could rebuild with F.linear (L_k, Note [Linear
+     recipes]: the MLP's gate and up projections; its rebuild timed on the
+     device when the plan is made, not offered where it cannot be), and its
      input and output bytes; for the step: the bytes
      allocated at its start and its peak (torch.cuda.max_memory_allocated
      after torch.cuda.reset_peak_memory_stats at the step's start), also
@@ -45,7 +48,7 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      C++ budget planner (spillway._C.plan_memory_budget, with
      release_when_copied) picks, per block's saved tensors S_k, their
      rebuildable part C_k and per block output X_k, keep, offload or
-     recompute, and for each offload the block
+     recompute (L_k too), and for each offload the block
      call at whose end its device memory goes: the first by which the
      planner expects its copy to have finished (at least `lag` calls later),
      else the last block's end, else the model call's end.
@@ -59,6 +62,7 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
                                 the pack hook sorts its saved tensors: C_k's
                                 are kept, offloaded, or (recompute) packed as
                                 recipes rebuilt in backward;
+       L_k unlike S_k           the same for L_k's (their recipes run F.linear);
        X_k-1 offload            the block's saved input goes through the store
                                 (with S_k recompute: the checkpoint's saved
                                 input; otherwise the saved tensors that share
@@ -74,7 +78,7 @@ A budget below the smallest peak the planner reaches raises its MemoryError
 at the start of the first step after profiling (inside the model call; the context exits
 and the model is as it was). Results stay bitwise equal to the run without
 spillway on every step: checkpoint replays the RNG, the store moves bytes,
-a recipe runs the same elementwise functions on the same inputs.
+a recipe runs the same elementwise functions (or F.linear) on the same inputs.
 
 Thread-safety: as eager.py (one context per model; backward hooks take the
 context's lock).
