@@ -82,6 +82,13 @@ struct BudgetOptions {
   // on the H200 differed by 4.8e-7 (2026-12-01), as the partitioner of the
   // plain compile rebuilds some of those values in backward in other kernels.
   bool offload_materialised = false;
+  // Search from both ends (plan/budget_search.h: relax from everything taken
+  // off, beside greedy from nothing), the faster plan, on models of at most
+  // 128 candidates. Off by default until the measured curves (README) are run
+  // again with it: on v14's T1 eager graph (H100) it finds 316.6 ms at 11 GiB
+  // where greedy found 318.2, and with linear recipes at 7.1 GiB 324.4 ms
+  // where greedy found 336.2.
+  bool relax = false;
   // The last this many backward regions (by scope: the backward's last
   // layers) reload their offloaded values right before their first reader
   // instead of prefetch_regions regions early, so that a prefetched layer's

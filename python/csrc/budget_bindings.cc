@@ -214,13 +214,14 @@ void init_budget(py::module_& m) {
          bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
          std::int64_t min_bytes, const std::string& profile, bool trace,
          const std::string& svg_title, bool partitioner, double budget_fraction,
-         bool release_when_copied, bool timeline, bool offload_materialised) {
+         bool release_when_copied, bool timeline, bool offload_materialised, bool relax) {
         Knobs knobs = knobs_of(scope, allow_offload, allow_recompute, prefetch_regions,
                                release_lag, min_bytes, profile, trace, svg_title, partitioner);
         knobs.options.budget_bytes = budget_bytes;
         knobs.options.budget_fraction = budget_fraction;
         knobs.options.release_when_copied = release_when_copied;
         knobs.options.offload_materialised = offload_materialised;
+        knobs.options.relax = relax;
         knobs.timeline = timeline;
         return guarded([&] {
           const Graph graph = parse_graph(graph_json);
@@ -232,6 +233,7 @@ void init_budget(py::module_& m) {
       py::arg("graph_json"), py::arg("budget_bytes"), py::kw_only(), SPILLWAY_BUDGET_KNOB_ARGS,
       py::arg("budget_fraction") = 0.0, py::arg("release_when_copied") = false,
       py::arg("timeline") = false, py::arg("offload_materialised") = false,
+      py::arg("relax") = false,
       "Plans keep / offload / recompute for every saved activation of a joint graph (Spillway "
       "graph JSON) so that the simulated peak fits budget_bytes, the fastest such plan "
       "(include/spillway/budget.h). Returns JSON text: budget_bytes, choices (node, name, block, "
@@ -246,7 +248,8 @@ void init_budget(py::module_& m) {
       "budget_bytes is ignored. release_when_copied: BudgetOptions::release_when_copied (the "
       "eager store's per-block release). timeline: also the simulated device bytes live at "
       "each node of the planned graph, in graph order (timeline: name, live_bytes, "
-      "scratch_bytes, by_category; execution model (7) of include/spillway/sim.h). Raises "
+      "scratch_bytes, by_category; execution model (7) of include/spillway/sim.h). relax: "
+      "BudgetOptions::relax (search from both ends). Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");
   m.def(

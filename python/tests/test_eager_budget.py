@@ -591,8 +591,23 @@ def test_the_block_graph_splits_the_rebuildable_bytes_and_the_plan_maps_them():
 # ---- linear recipes (_recipes.py, Note [Linear recipes]) ---------------------
 
 
+@pytest.fixture
+def linear_recipes(monkeypatch):
+    """Linear recipes on (_eager_budget._LINEAR_RECIPES: off until measured on T1)."""
+    from spillway.activations import _eager_budget
+    monkeypatch.setattr(_eager_budget, "_LINEAR_RECIPES", True)
+
+
+def test_linear_recipes_are_off_until_measured():
+    """While _LINEAR_RECIPES is off the profile finds no L_k: the plans are today's."""
+    work = WORKLOADS["llama"]()
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    assert all(c.linear_bytes == 0 for c in ctx.plan.profile.calls)
+    assert ctx.plan.planner_options["relax"] is False
+
+
 @pytest.mark.parametrize("name", ["llama", "llama-bf16", "gpt2-dropout"])
-def test_the_profile_finds_what_a_linear_recipe_rebuilds(name):
+def test_the_profile_finds_what_a_linear_recipe_rebuilds(name, linear_recipes):
     """A Llama block's gate and up projections (each tokens x intermediate) are the
     saved tensors only a matmul rebuilds: L_k, apart from C_k, its rebuild timed. GPT-2's
     projections are Conv1D (addmm), which no recipe runs again: no L_k there."""
@@ -620,7 +635,8 @@ _LINEAR_COMBINATIONS = [("keep", "keep", "recompute"), ("keep", "recompute", "re
 
 @pytest.mark.parametrize("saved, cheap, linear", _LINEAR_COMBINATIONS)
 @pytest.mark.parametrize("name", ["llama", "llama-bf16"])
-def test_linear_recipes_go_their_own_way_bit_exactly(name, saved, cheap, linear, no_leaks):
+def test_linear_recipes_go_their_own_way_bit_exactly(name, saved, cheap, linear, no_leaks,
+                                                     linear_recipes):
     """L_k kept, offloaded or rebuilt by F.linear apart from S_k and C_k (each its own
     way, C_k rebuilt or not): loss and gradients bit-equal on every step, and the bytes go
     where the policy says."""
@@ -714,14 +730,17 @@ def test_the_block_graph_adds_the_linear_part_and_the_plan_maps_it():
         ("offload", "offload", "recompute")]
     # 600 MiB below the peak (the last block's backward, where b2's parts are back: only
     # b0 and b1 count), more than b0's cheap part frees: b1's linear part (300 MiB, 1.5
-    # ms) rather than checkpointing b1 (700 MiB, 3.5 ms).
+    # ms) rather than checkpointing b1 (700 MiB, 3.5 ms). Greedy alone checkpoints b1;
+    # the search from both ends (relax) finds the faster plan.
     text = json.dumps(graph)
     baseline = json.loads(_C.simulate_graph(text))["peak_bytes"]
-    result = json.loads(_C.plan_memory_budget(text, baseline - (600 << 20), min_bytes=0,
-                                              allow_offload=False, release_when_copied=True))
-    decisions = {c["name"]: c["decision"] for c in result["choices"]}
+    plans = {relax: json.loads(_C.plan_memory_budget(
+        text, baseline - (600 << 20), min_bytes=0, allow_offload=False,
+        release_when_copied=True, relax=relax)) for relax in (False, True)}
+    decisions = {c["name"]: c["decision"] for c in plans[True]["choices"]}
     assert decisions["b0_cheap"] == decisions["b1_linear"] == "recompute", decisions
     assert "recompute" not in {decisions[f"b{k}_forward"] for k in range(3)}, decisions
+    assert plans[True]["forecast"]["step_ms"] < plans[False]["forecast"]["step_ms"]
 
 
 def _rebuilding_block(mutate: str):
@@ -934,7 +953,7 @@ def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
 
 
 @needs_cuda
-def test_cuda_linear_recipes_rebuild_the_projections_bit_exactly():
+def test_cuda_linear_recipes_rebuild_the_projections_bit_exactly(linear_recipes):
     """bf16 Llama on the GPU (Note [Linear recipes]): every block rebuilds its gate and up
     projections with F.linear in backward, its cheap part too, or offloads them. Bit-equal
     on every step (the same GEMM on the same operands); rebuilding the projections beside

@@ -210,6 +210,7 @@ struct PlanArgs {
   bool partitioner = false;
   bool offload_materialised = false;
   bool release_when_copied = false;
+  bool relax = false;
 };
 
 // `spillway plan --budget B` / `--sweep`: keep, offload or recompute per
@@ -224,6 +225,7 @@ int run_budget(const PlanArgs& args, const std::string& path, const Graph& graph
   options.partitioner_recomputes_pointwise = args.partitioner;
   options.offload_materialised = args.offload_materialised;
   options.release_when_copied = args.release_when_copied;
+  options.relax = args.relax;
   options.min_bytes = args.min_bytes;
   options.prefetch_regions = args.prefetch_regions;
   options.release_lag = args.release_lag_given ? args.release_lag : BudgetOptions{}.release_lag;
@@ -519,6 +521,10 @@ int main_impl(int argc, char** argv) {
                  "With --budget/--sweep: plan as for the eager store, which lets each offloaded "
                  "value go at the first block end by which its copy has finished (at the latest "
                  "at the end of the last block)");
+  plan->add_flag("--relax", plan_args.relax,
+                 "With --budget/--sweep: search from both ends, from nothing taken off (greedy) "
+                 "and from everything taken off (relax), the faster plan (models of at most 128 "
+                 "candidates)");
   plan->add_flag("--partitioner", plan_args.partitioner,
                  "With --budget/--sweep: plan as for torch.compile, whose partitioner "
                  "recomputes cheap pointwise values by itself at no cost");

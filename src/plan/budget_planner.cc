@@ -3,7 +3,7 @@
 // 1. The problem (budget_problem.h): candidates, recompute probes, the
 //    simulator's baseline and the fast model (budget_model.h).
 // 2. Search on the fast model (budget_search.h): greedy, then local search,
-//    and from the other end (relax); the faster.
+//    and with BudgetOptions::relax from the other end too; the faster.
 // 3. Materialise, simulate in full, and search again with the full
 //    simulation's overshoot taken off when it does not fit.
 // 4. In torch.compile mode: the same with each longer just-in-time tail, the
@@ -116,7 +116,8 @@ std::optional<BudgetPlan> search(const BudgetProblem& problem, const plan::Budge
                                  std::int64_t& margin) {
   std::int64_t target = budget - margin;
   for (int attempt = 0; attempt < 4; ++attempt) {
-    const std::vector<Decision> chosen = plan::search(model, target, state);
+    const std::vector<Decision> chosen =
+        plan::search(model, target, state, problem.options().relax);
     BudgetPlan plan = problem.materialise(chosen);
     const std::int64_t model_peak = model.evaluate(chosen).peak;
     margin = std::max(margin, plan.forecast.peak_bytes - model_peak);

@@ -236,7 +236,7 @@ bool relax(const BudgetModel& model, std::int64_t budget, std::vector<Decision>&
 }
 
 std::vector<Decision> search(const BudgetModel& model, std::int64_t budget,
-                             std::vector<Decision>& state) {
+                             std::vector<Decision>& state, bool from_both_ends) {
   if (!greedy(model, budget, state)) {
     // The greedy order can strand a candidate on an action that frees less
     // than another would; the most of everything is the last resort.
@@ -245,7 +245,7 @@ std::vector<Decision> search(const BudgetModel& model, std::int64_t budget,
   std::vector<Decision> improved = state;
   improve(model, budget, improved);
   std::vector<Decision> relaxed = everything(model);
-  if (!relax(model, budget, relaxed)) return improved;
+  if (!from_both_ends || !relax(model, budget, relaxed)) return improved;
   improve(model, budget, relaxed);
   const ModelScore from_top = model.evaluate(improved);
   const ModelScore from_bottom = model.evaluate(relaxed);

@@ -35,13 +35,14 @@ void improve(const BudgetModel& model, std::int64_t budget, std::vector<Decision
 bool relax(const BudgetModel& model, std::int64_t budget, std::vector<Decision>& d,
            std::size_t max_candidates = 128);
 
-// The default search: greedy from `state` (everything it can take off where
-// greedy strands), then improve; and relax from everything, then improve.
+// The search: greedy from `state` (everything it can take off where greedy
+// strands), then improve; and, from_both_ends, relax from everything, then
+// improve.
 // Returns the faster of the two whose model peak fits `budget` (the greedy
 // one when neither fits or relax does not run); `state` is left where greedy ended, for the next
 // budget of a sweep.
 std::vector<Decision> search(const BudgetModel& model, std::int64_t budget,
-                             std::vector<Decision>& state);
+                             std::vector<Decision>& state, bool from_both_ends = true);
 
 // The most each candidate can take off: recompute where allowed (it frees
 // longer), else offload where allowed, else keep.

@@ -24,9 +24,10 @@ What happens (offload_activations(memory_budget=...) returns a BudgetedOffload):
      update), which of those a selective recompute could rebuild from the
      rest (_recipes.py: C_k, and the bytes its elementwise ops move, timed
      by the simulator's bandwidth estimate when the plan is made), which
-     others a linear recipe could rebuild with F.linear (L_k, Note [Linear
-     recipes]: the MLP's gate and up projections; its rebuild timed on the
-     device when the plan is made, not offered where it cannot be), and its
+     others a linear recipe could rebuild with F.linear (with _LINEAR_RECIPES:
+     L_k, Note [Linear recipes]: the MLP's gate and up projections; its
+     rebuild timed on the device when the plan is made, not offered where it
+     cannot be), and its
      input and output bytes; for the step: the bytes
      allocated at its start and its peak (torch.cuda.max_memory_allocated
      after torch.cuda.reset_peak_memory_stats at the step's start), also
@@ -116,6 +117,13 @@ _MISSING = object()
 _PREFETCH_DISTANCES = (1, 2, 3, 4, 6, 8)
 # Timed runs of a block's rebuild (RebuildProbe) whose median the planner takes.
 _REBUILD_RUNS = 5
+# Off until the README's T1 eager curve is measured with them (each changes the plans
+# that curve measured): linear recipes (L_k, Note [Linear recipes] in _recipes.py), and
+# the planner's search from both ends (BudgetOptions::relax). On the v14 H100 profile
+# (bench/torch/replay_eager_plan.py) the two forecast 324.4 ms at 7.1 GiB of
+# activation where today's plan forecasts 340.9 (none: 279.5 measured).
+_LINEAR_RECIPES = False
+_SEARCH_BOTH_ENDS = False
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -955,7 +963,7 @@ class BudgetedOffload(eager.OffloadActivations):
                     roots.setdefault(key, node)
                     scope.note_packed(t, t.detach(), cheap=True)  # never t: see _recipes._Arg
                 else:
-                    node = scope.node_for(t, linear=True)
+                    node = scope.node_for(t, linear=True) if _LINEAR_RECIPES else None
                     linear[key] = node if linear.get(key, node) is not None else None
                     scope.note_packed(t, t.detach())
             return outer_pack(t)
@@ -1057,7 +1065,7 @@ class BudgetedOffload(eager.OffloadActivations):
                     prefetch_regions=self._prefetch if prefetch is None else prefetch,
                     release_lag=self._lag + 1,
                     min_bytes=self._min_bytes, device_profile_json=self._profile_json,
-                    release_when_copied=True)
+                    release_when_copied=True, relax=_SEARCH_BOTH_ENDS)
 
     def _simulate(self, graph_json: str, recomputed=(), timeline: bool = False) -> dict:
         return json.loads(_bindings().simulate_graph(graph_json,
