@@ -4,6 +4,7 @@
     python3 bench/torch/replay_eager_plan.py bench/results/2026-12-02-t1-eager-budget-v8-h200.json
     python3 bench/torch/replay_eager_plan.py RUN.json --method 7.1GiB --activation-gib 6.5 6.0
     python3 bench/torch/replay_eager_plan.py RUN.json --method 24.6GiB --around-peak
+    python3 bench/torch/replay_eager_plan.py RUN.json --relax --what-if-linear 416 1.6
 
 For each spillway-eager-budget method of a t1.py JSON (or those whose name
 contains --method), the block graph its plan was made from goes to the
@@ -16,7 +17,13 @@ one whose forecast the run recorded). Prints the replayed forecast beside the
 recorded one and the measured step, then, with --activation-gib, the plans at
 other budgets (activation GiB above what was allocated at the step's start,
 as t1.py's method names give them), and with --around-peak what the
-simulation holds live at the nodes around its peak, by category.
+simulation holds live at the nodes around its peak, by category. With
+--relax the planner also searches from both ends (BudgetOptions::relax);
+with --what-if-linear MIB MS each block call of a recorded graph gets a
+linear part (_recipes.py, Note [Linear recipes]) of MIB split off its
+S_k, rebuilt in MS: a forecast of what linear recipes would plan on a run
+recorded without them (the graph is rebuilt from the recorded profile and
+the recorded graph's placeholders and transients).
 
 A planner or simulator change can be judged on a measured run this way: the
 same plans at the measured budgets mean the measured figures still stand.
@@ -67,6 +74,27 @@ def _rebuilt(stats: dict) -> tuple[dict, dict]:
     return graph, dict(base, min_bytes=1 << 20)
 
 
+def with_linear(graph: dict, stats: dict, mib: float, ms: float) -> dict:
+    """`graph` (a recorded block graph) rebuilt from stats' profile with a linear part of
+    `mib` MiB rebuilt in `ms` per block call (see --what-if-linear)."""
+    from spillway.activations._budget_graph import BlockCall, StepProfile, block_graph
+
+    fields = dict(stats["profile"])
+    calls = [BlockCall(**{**c, "cheap_traffic": tuple(c["cheap_traffic"]),
+                          "linear_bytes": int(mib * (1 << 20)), "linear_ms": ms})
+             for c in fields.pop("calls")]
+    nodes = {n["name"]: n for n in graph["nodes"]}
+
+    def size(name: str) -> int:
+        return nodes[name]["value"]["sizes"][1] if name in nodes else 0
+
+    transients = (size("post_forward_transient"), size("post_backward_transient"),
+                  size("b0_transient"))
+    return block_graph(StepProfile(calls=calls, **fields), resident_bytes=size("resident"),
+                       offset_bytes=size("offset"), transients=transients,
+                       device=nodes["resident"]["value"]["device"])
+
+
 def _plan(graph: dict, budget: int, options: dict, **extra) -> dict | None:
     from spillway import _C
     try:
@@ -112,6 +140,10 @@ def main() -> int:
     parser.add_argument("--method", default="", help="only methods whose name contains this")
     parser.add_argument("--activation-gib", type=float, nargs="*", default=[])
     parser.add_argument("--around-peak", action="store_true")
+    parser.add_argument("--relax", action="store_true",
+                        help="also search from both ends (BudgetOptions::relax)")
+    parser.add_argument("--what-if-linear", type=float, nargs=2, metavar=("MIB", "MS"),
+                        help="give each block call a linear part of MIB MiB rebuilt in MS")
     args = parser.parse_args()
     from spillway._budget import parse_memory_budget
 
@@ -130,6 +162,16 @@ def main() -> int:
             continue
         same = same_forecast(result, stats["forecast"])
         print(_row("replayed" + ("" if same else " (DIFFERENT)"), result["forecast"]))
+        if args.relax or args.what_if_linear:
+            if args.what_if_linear:
+                graph = with_linear(graph, stats, *args.what_if_linear)
+            options = dict(options, relax=args.relax)
+            budget = stats.get("planner_budget", stats["budget"])
+            what_if = _plan(graph, budget, options)
+            if what_if is not None:
+                label = " + ".join(x for x in ("relax" if args.relax else "",
+                                               "linear" if args.what_if_linear else "") if x)
+                print(_row(f"with {label}", what_if["forecast"]))
         if args.around_peak:
             timeline = result["timeline"]
             at = max(range(len(timeline)),
