@@ -460,6 +460,21 @@ def test_scope_restricts_the_blocks():
 # ---- selective recompute (_recipes.py) --------------------------------------
 
 
+def _steps_under(work, ctx, steps: int, saved: str, **parts) -> tuple[int, int, int]:
+    """`steps` checked steps with every block call's policy set by hand (S_k `saved`, the
+    parts' decisions in `parts`): (bytes offloaded, tensors and bytes recomputed) in them."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    ctx._policies = [_CallPolicy(checkpoint=False, offload_saved=saved == "offload",
+                                 offload_input=False, lag=0, **parts)
+                     for _ in ctx._policies]
+    before = ctx.stats()
+    _run(work, ctx, steps=steps)
+    stats = ctx.stats()
+    return tuple(stats[k] - before[k] for k in ("bytes_offloaded", "tensors_recomputed",
+                                                "bytes_recomputed"))
+
+
 _COMBINATIONS = [("keep", "recompute"), ("offload", "recompute"), ("keep", "offload"),
                  ("offload", "keep")]
 
@@ -471,24 +486,15 @@ def test_rebuildable_tensors_go_their_own_way_bit_exactly(name, saved, cheap, no
     inputs and, in bf16, the norms' float copies, rebuilt from the bf16 hidden states they
     hold instead: C_k) kept, offloaded or rebuilt apart from the rest (S_k): loss and
     gradients bit-equal on every step, and the bytes go where the policy says."""
-    from spillway.activations._eager_budget import _CallPolicy
-
     work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
             else WORKLOADS[name]())
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     cheap_bytes = sum(c.cheap_bytes for c in ctx.plan.profile.calls)
     assert cheap_bytes > 0 and all(
         0 < c.cheap_bytes < c.saved_bytes and c.cheap_ms >= 0 for c in ctx.plan.profile.calls)
-    ctx._policies = [_CallPolicy(checkpoint=False, offload_saved=saved == "offload",
-                                 offload_input=False, lag=0, cheap=cheap)
-                     for _ in ctx._policies]
-    before = ctx.stats()
     steps = 3
-    _run(work, ctx, steps=steps)
-    stats = ctx.stats()
-    moved = stats["bytes_offloaded"] - before["bytes_offloaded"]
-    rebuilt = stats["tensors_recomputed"] - before["tensors_recomputed"]
-    assert (rebuilt > 0) == (cheap == "recompute"), stats
+    moved, rebuilt, _ = _steps_under(work, ctx, steps, saved, cheap=cheap)
+    assert (rebuilt > 0) == (cheap == "recompute"), rebuilt
     if (saved, cheap) == ("keep", "offload"):
         assert moved == steps * cheap_bytes, (moved, cheap_bytes)  # exactly C_k, every step
     elif (saved, cheap) == ("keep", "recompute"):
@@ -640,8 +646,6 @@ def test_linear_recipes_go_their_own_way_bit_exactly(name, saved, cheap, linear,
     """L_k kept, offloaded or rebuilt by F.linear apart from S_k and C_k (each its own
     way, C_k rebuilt or not): loss and gradients bit-equal on every step, and the bytes go
     where the policy says."""
-    from spillway.activations._eager_budget import _CallPolicy
-
     work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
             else WORKLOADS[name]())
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
@@ -649,23 +653,16 @@ def test_linear_recipes_go_their_own_way_bit_exactly(name, saved, cheap, linear,
     linear_bytes = sum(c.linear_bytes for c in calls)
     cheap_bytes = sum(c.cheap_bytes for c in calls)
     assert linear_bytes > 0
-    ctx._policies = [_CallPolicy(checkpoint=False, offload_saved=saved == "offload",
-                                 offload_input=False, lag=0, cheap=cheap, linear=linear)
-                     for _ in ctx._policies]
-    before = ctx.stats()
     steps = 3
-    _run(work, ctx, steps=steps)
-    stats = ctx.stats()
-    moved = stats["bytes_offloaded"] - before["bytes_offloaded"]
-    rebuilt = stats["bytes_recomputed"] - before["bytes_recomputed"]
+    moved, _, rebuilt = _steps_under(work, ctx, steps, saved, cheap=cheap, linear=linear)
     expected_rebuilt = ((linear_bytes if linear == "recompute" else 0)
                         + (cheap_bytes if cheap == "recompute" else 0))
     # (A cheap tensor saved by several ops, the normalised input by q, k and v, is packed
     # as a recipe each time and counted each time.)
     if cheap == "recompute":
-        assert rebuilt >= steps * expected_rebuilt, (rebuilt, expected_rebuilt, stats)
+        assert rebuilt >= steps * expected_rebuilt, (rebuilt, expected_rebuilt)
     else:
-        assert rebuilt == steps * expected_rebuilt, (rebuilt, expected_rebuilt, stats)
+        assert rebuilt == steps * expected_rebuilt, (rebuilt, expected_rebuilt)
     if saved == "keep":
         expected_moved = ((linear_bytes if linear == "offload" else 0)
                           + (cheap_bytes if cheap == "offload" else 0))
