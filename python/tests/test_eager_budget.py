@@ -908,38 +908,57 @@ def test_cuda_profiling_step_peaks_below_a_plain_step_and_stays_bit_equal():
         assert planned_peak < plain_peak
 
 
+def _cuda_planned_llama():
+    """_cuda_llama under a budget that fits (call under deterministic_cuda): its two
+    profiling steps and one planned step (everything kept) run, each bit-equal to the plain
+    step. Returns (ctx, step(ctx) -> (loss, grads, peak), (loss, grads) of the plain step,
+    the planned step's peak)."""
+    work = _cuda_llama()
+
+    def step(ctx):
+        return _cuda_step(work, ctx)
+
+    step(None)
+    ref_loss, ref_grads, _ = step(None)
+    ctx = offload_activations(work.model, memory_budget=1.0)
+    for k in range(3):
+        loss, grads, kept_peak = step(ctx)
+        _assert_same(loss, grads, ref_loss, ref_grads, k)
+    return ctx, step, (ref_loss, ref_grads), kept_peak
+
+
+def _cuda_peaks_under(ctx, step, reference, policies: dict) -> dict:
+    """Two steps bit-equal to `reference` (loss, grads) under each policy set on every block
+    call (key -> _CallPolicy keywords besides checkpoint=False, offload_input=False, lag=0;
+    offload_saved False unless given): the second step's peak, by key."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    peaks = {}
+    for key, parts in policies.items():
+        parts = {"offload_saved": False, **parts}
+        ctx._policies = [_CallPolicy(checkpoint=False, offload_input=False, lag=0, **parts)
+                         for _ in ctx._policies]
+        for k in range(2):
+            loss, grads, peaks[key] = step(ctx)
+            _assert_same(loss, grads, *reference, k)
+    return peaks
+
+
 @needs_cuda
 def test_cuda_rebuilding_the_cheap_tensors_frees_their_bytes_bit_exactly():
     """bf16 Llama on the GPU: every block keeps its matmul inputs and attention outputs
     and rebuilds SiLU(gate), SiLU * up and the normalised inputs in backward (or offloads
     them, or offloads the rest and rebuilds them from its reloads). Bit-equal on every
     step; rebuilding lowers the step's peak by about what the profile said they hold."""
-    from spillway.activations._eager_budget import _CallPolicy
-
     with deterministic_cuda():
-        work = _cuda_llama()
-        model = work.model
-
-        def step(ctx):
-            return _cuda_step(work, ctx)
-
-        step(None)
-        ref_loss, ref_grads, plain_peak = step(None)
-        ctx = offload_activations(model, memory_budget=1.0)
-        for k in range(3):  # two profiling steps, then the plan: everything kept
-            loss, grads, kept_peak = step(ctx)
-            _assert_same(loss, grads, ref_loss, ref_grads, k)
+        ctx, step, reference, kept_peak = _cuda_planned_llama()
         calls = ctx.plan.profile.calls
         cheap = sum(c.cheap_bytes for c in calls)
         assert all(c.cheap_bytes > 0 and 0 < c.cheap_ms < c.forward_ms for c in calls), calls
-        peaks = {}
-        for saved, rebuilt in [("keep", "recompute"), ("offload", "recompute"),
-                               ("keep", "offload")]:
-            ctx._policies = [_CallPolicy(False, saved == "offload", False, lag=0, cheap=rebuilt)
-                             for _ in calls]
-            for k in range(2):
-                loss, grads, peaks[saved, rebuilt] = step(ctx)
-                _assert_same(loss, grads, ref_loss, ref_grads, k)
+        peaks = _cuda_peaks_under(ctx, step, reference, {
+            (saved, rebuilt): dict(offload_saved=saved == "offload", cheap=rebuilt)
+            for saved, rebuilt in [("keep", "recompute"), ("offload", "recompute"),
+                                   ("keep", "offload")]})
         assert ctx.stats()["tensors_recomputed"] > 0
         # About what the profile counted: less the bf16 block inputs the float copies are
         # rebuilt from (held now, not saved before) and where the peak moves (H200,
@@ -955,31 +974,15 @@ def test_cuda_linear_recipes_rebuild_the_projections_bit_exactly(linear_recipes)
     projections with F.linear in backward, its cheap part too, or offloads them. Bit-equal
     on every step (the same GEMM on the same operands); rebuilding the projections beside
     the cheap part lowers the peak further, by about what the profile said they hold."""
-    from spillway.activations._eager_budget import _CallPolicy
-
     with deterministic_cuda():
-        work = _cuda_llama()
-
-        def step(ctx):
-            return _cuda_step(work, ctx)
-
-        step(None)
-        ref_loss, ref_grads, _ = step(None)
-        ctx = offload_activations(work.model, memory_budget=1.0)
-        for k in range(3):
-            loss, grads, _ = step(ctx)
-            _assert_same(loss, grads, ref_loss, ref_grads, k)
+        ctx, step, reference, _ = _cuda_planned_llama()
         calls = ctx.plan.profile.calls
         linear = sum(c.linear_bytes for c in calls)
         assert all(c.linear_bytes > 0 and 0 < c.linear_ms < c.forward_ms for c in calls), calls
-        peaks = {}
-        for cheap, rebuilt in [("recompute", "keep"), ("recompute", "recompute"),
-                               ("keep", "recompute"), ("recompute", "offload")]:
-            ctx._policies = [_CallPolicy(False, False, False, lag=0, cheap=cheap, linear=rebuilt)
-                             for _ in calls]
-            for k in range(2):
-                loss, grads, peaks[cheap, rebuilt] = step(ctx)
-                _assert_same(loss, grads, ref_loss, ref_grads, k)
+        peaks = _cuda_peaks_under(ctx, step, reference, {
+            (cheap, rebuilt): dict(cheap=cheap, linear=rebuilt)
+            for cheap, rebuilt in [("recompute", "keep"), ("recompute", "recompute"),
+                                   ("keep", "recompute"), ("recompute", "offload")]})
         saved_by_rebuild = peaks["recompute", "keep"] - peaks["recompute", "recompute"]
         assert 0.7 * linear <= saved_by_rebuild <= 1.05 * linear, (saved_by_rebuild, linear)
         assert peaks["recompute", "offload"] < peaks["recompute", "keep"]
