@@ -779,10 +779,7 @@ class BudgetedOffload(eager.OffloadActivations):
             packed = Recipe(self, node, t, scope.results)
             # A linear recipe reads the cheap set as packed; the rest of the cheap set reads a
             # rebuilt linear output as any packed input (its recipe unpacks it).
-            if part == "cheap":
-                scope.note_packed(t, packed, cheap=True)
-            else:
-                scope.note_packed(t, packed)
+            scope.note_packed(t, packed, cheap=part == "cheap")
             return packed
         self._packing_part = part
         try:
@@ -1144,22 +1141,24 @@ class BudgetedOffload(eager.OffloadActivations):
         is low for these ops: in the H200 profile of 2026-12-02 (v8), a 19 GiB step whose
         11 blocks rebuild ran 11.8 ms more kernel time than the step without a plan,
         where the estimate gave the rebuilds 6.8 ms."""
-        probes = self._profiled[0].probes
-        timed: dict = {}
-        for k, call in enumerate(calls):
-            probe = probes.get(k)
-            if probe is not None and probe.signature not in timed:
+        recording = self._profiled[0]
+        timed: dict = {}  # signature -> ms (None: no room), shared by both kinds of probe
+
+        def ms_of(probe: RebuildProbe | None) -> float | None:
+            if probe is None:
+                return None
+            if probe.signature not in timed:
                 timed[probe.signature] = self._time_probe(probe)
-            ms = timed[probe.signature] if probe is not None else None
+            return timed[probe.signature]
+
+        for k, call in enumerate(calls):
+            ms = ms_of(recording.probes.get(k))
             call.cheap_timed = ms is not None
             call.cheap_ms = ms if ms is not None else rebuild_ms(
                 self._simulate, *call.cheap_traffic, str(self._device))
             # Linear recipes (Note [Linear recipes]): timed, or not offered (their matmuls
             # have no estimate worth planning on).
-            probe = self._profiled[0].linear_probes.get(k)
-            if probe is not None and probe.signature not in timed:
-                timed[probe.signature] = self._time_probe(probe)
-            ms = timed[probe.signature] if probe is not None else None
+            ms = ms_of(recording.linear_probes.get(k))
             call.linear_ms = ms or 0.0
             if ms is None:
                 call.linear_bytes = 0
