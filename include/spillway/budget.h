@@ -84,7 +84,7 @@ struct BudgetOptions {
   bool offload_materialised = false;
   // Search from both ends (plan/budget_search.h: relax from everything taken
   // off, beside greedy from nothing), the faster plan, on models of at most
-  // 128 candidates. Off by default until the measured curves (README) are run
+  // 1024 candidates. Off by default until the measured curves (README) are run
   // again with it: on v14's T1 eager graphs (H100, each at its recorded
   // prefetch distance) it finds 316.6 ms at 11 GiB where greedy found 318.2,
   // and, with linear recipes, 324.4 ms at 7.1 GiB where greedy found 344.6.

@@ -523,7 +523,7 @@ int main_impl(int argc, char** argv) {
                  "at the end of the last block)");
   plan->add_flag("--relax", plan_args.relax,
                  "With --budget/--sweep: search from both ends, from nothing taken off (greedy) "
-                 "and from everything taken off (relax), the faster plan (models of at most 128 "
+                 "and from everything taken off (relax), the faster plan (models of at most 1024 "
                  "candidates)");
   plan->add_flag("--partitioner", plan_args.partitioner,
                  "With --budget/--sweep: plan as for torch.compile, whose partitioner "
