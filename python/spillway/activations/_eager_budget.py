@@ -987,6 +987,13 @@ class BudgetedOffload(eager.OffloadActivations):
             rec.probes[position] = RebuildProbe(rebuilt)
         if linear_roots:
             rec.linear_probes[position] = RebuildProbe(list(linear_roots.values()))
+        # Every tensor the recompute saved holds its pack hook, `pack`, and so this scope:
+        # let go of the tensors it and the roots hold, or each block's recompute stays on
+        # the device until the step ends (the CUDA test's Llama then peaked 14 % above a
+        # plain step in the profiling step's backward).
+        scope.release()
+        roots.clear()
+        linear.clear()
         return out
 
     def _note_backward(self) -> None:

@@ -421,6 +421,13 @@ class RecipeScope:
         # copy by the norm's multiply and its square.
         self.results = _Results()
 
+    def release(self) -> None:
+        """Lets go of every tensor the scope holds (a scope only used to classify)."""
+        self.packed.clear()
+        self.cheap_packed.clear()
+        self.results = _Results()
+        self.recorder.made.clear()
+
     def note_packed(self, t: torch.Tensor, packed, cheap: bool = False) -> None:
         """t was packed to `packed`; cheap: t is of the cheap set (read by linear recipes
         only, Note [Linear recipes])."""
