@@ -534,18 +534,17 @@ def _eager_budget(model, device: str, options: dict, plain):
             out["planner_options"] = plan.planner_options
             out["planner_budget"] = plan.planner_budget_bytes
             calls = plan.profile.calls
-            out["choices"] = [dict(block=c.block, saved=c.saved, cheap=c.cheap, input=c.input,
-                                   lag=c.lag, saved_bytes=c.saved_bytes,
+            out["choices"] = [dict(block=c.block, saved=c.saved, cheap=c.cheap, linear=c.linear,
+                                   input=c.input, lag=c.lag, saved_bytes=c.saved_bytes,
                                    cheap_bytes=c.cheap_bytes,
                                    cheap_ms=round(calls[c.call].cheap_ms, 3),
+                                   linear_bytes=c.linear_bytes,
+                                   linear_ms=round(calls[c.call].linear_ms, 3),
                                    forward_ms=round(c.forward_ms, 3),
                                    backward_ms=round(c.backward_ms, 3)) for c in plan.choices]
             mix: dict = {}
             for c in plan.choices:
-                key = c.saved + ("" if c.cheap == c.saved or c.saved == "recompute"
-                                 else f"+cheap-{c.cheap}")
-                key += "+input-offload" if c.input == "offload" else ""
-                mix[key] = mix.get(key, 0) + 1
+                mix[c.summary("-")] = mix.get(c.summary("-"), 0) + 1
             if plan.head == "offload":
                 mix["head-offload"] = 1
             out["head"] = plan.head

@@ -246,6 +246,15 @@ class BlockChoice:
     def checkpoint(self) -> bool:
         return self.saved == "recompute"
 
+    def summary(self, sep: str = " ") -> str:
+        """The decisions in a word: S_k's, each part's that goes another way, the input's
+        ("offload+linear recompute+cheap recompute+input offload", sep " ")."""
+        out = self.saved
+        for part, decision in (("linear", self.linear), ("cheap", self.cheap)):
+            if decision != self.saved and not self.checkpoint:
+                out += f"+{part}{sep}{decision}"
+        return out + (f"+input{sep}offload" if self.input == "offload" else "")
+
 
 @dataclasses.dataclass(frozen=True)
 class _CallPolicy:
@@ -356,12 +365,7 @@ class EagerBudgetPlan:
     def __repr__(self) -> str:
         mix = {}
         for c in self.choices:
-            key = c.saved
-            for part, decision in (("linear", c.linear), ("cheap", c.cheap)):
-                if decision != c.saved and c.saved != "recompute":
-                    key += f"+{part} {decision}"
-            key += "+input offload" if c.input == "offload" else ""
-            mix[key] = mix.get(key, 0) + 1
+            mix[c.summary()] = mix.get(c.summary(), 0) + 1
         if self.head == "offload":
             mix["head offload"] = 1
         f = self.forecast()
