@@ -640,9 +640,18 @@ def linear_recipes(monkeypatch):
     monkeypatch.setattr(_eager_budget, "_LINEAR_RECIPES", True)
 
 
-def test_linear_recipes_are_off_until_measured():
-    """While _LINEAR_RECIPES is off the profile finds no L_k: the plans are today's."""
+def test_linear_recipes_and_the_search_from_both_ends_are_on(monkeypatch):
+    """Both on by default (the v15 curve measured them); with _LINEAR_RECIPES off the
+    profile finds no L_k, and with _SEARCH_BOTH_ENDS off the planner runs greedy only."""
+    from spillway.activations import _eager_budget
+
+    assert _eager_budget._LINEAR_RECIPES and _eager_budget._SEARCH_BOTH_ENDS
     work = WORKLOADS["llama"]()
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    assert any(c.linear_bytes > 0 for c in ctx.plan.profile.calls)
+    assert ctx.plan.planner_options["relax"] is True
+    monkeypatch.setattr(_eager_budget, "_LINEAR_RECIPES", False)
+    monkeypatch.setattr(_eager_budget, "_SEARCH_BOTH_ENDS", False)
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     assert all(c.linear_bytes == 0 for c in ctx.plan.profile.calls)
     assert ctx.plan.planner_options["relax"] is False
@@ -1155,10 +1164,10 @@ def test_nothing_of_a_step_outlives_it(cheap, no_leaks):
     assert new() == []
 
 
-# The latest run of T1's eager curve (bench/results; the README's figures are v13 on an H200):
+# The latest run of T1's eager curve (bench/results, v15 on an H100, the README's figures):
 # its plans, made again.
 MEASURED_EAGER_RUN = (pathlib.Path(__file__).resolve().parents[2] /
-                      "bench/results/2026-12-07-t1-eager-budget-v14-h100.json")
+                      "bench/results/2026-12-07-t1-eager-budget-v15-h100.json")
 
 
 def test_the_measured_eager_plans_are_made_again_unchanged():

@@ -117,13 +117,13 @@ _MISSING = object()
 _PREFETCH_DISTANCES = (1, 2, 3, 4, 6, 8)
 # Timed runs of a block's rebuild (RebuildProbe) whose median the planner takes.
 _REBUILD_RUNS = 5
-# Off until the README's T1 eager curve is measured with them (each changes the plans
-# that curve measured): linear recipes (L_k, Note [Linear recipes] in _recipes.py), and
-# the planner's search from both ends (BudgetOptions::relax). On the v14 H100 profile
-# (bench/torch/replay_eager_plan.py) the two forecast 324.4 ms at 7.1 GiB of
-# activation where today's plan forecasts 340.9 (none: 279.5 measured).
-_LINEAR_RECIPES = False
-_SEARCH_BOTH_ENDS = False
+# Linear recipes (L_k, Note [Linear recipes] in _recipes.py) and the planner's search
+# from both ends (BudgetOptions::relax): on since the T1 eager curve was measured with
+# them (v15, H100, bench/results/2026-12-07-t1-eager-budget-v15-h100.md): 7.1 GiB of
+# activation in 1.15x the step without a plan, where v14 took 1.25x. Off, the plans are
+# v14's.
+_LINEAR_RECIPES = True
+_SEARCH_BOTH_ENDS = True
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
