@@ -84,10 +84,12 @@ struct BudgetOptions {
   bool offload_materialised = false;
   // Search from both ends (plan/budget_search.h: relax from everything taken
   // off, beside greedy from nothing), the faster plan, on models of at most
-  // 1024 candidates. Off by default until the measured curves (README) are run
-  // again with it: on v14's T1 eager graphs (H100, each at its recorded
-  // prefetch distance) it finds 316.6 ms at 11 GiB where greedy found 318.2,
-  // and, with linear recipes, 324.4 ms at 7.1 GiB where greedy found 344.6.
+  // 1024 candidates. The eager memory_budget turns it on (T1's eager curve was
+  // measured with it: bench/results/2026-12-07-t1-eager-budget-v15-h100.md);
+  // off by default here (the CLI, the compiled path) until the compiled curve
+  // is. On v14's T1 eager graphs (H100, each at its recorded prefetch distance)
+  // it found 316.6 ms at 11 GiB where greedy found 318.2, and, with linear
+  // recipes, 324.4 ms at 7.1 GiB where greedy found 344.6.
   bool relax = false;
   // The last this many backward regions (by scope: the backward's last
   // layers) reload their offloaded values right before their first reader
