@@ -689,6 +689,37 @@ def _fp32_error(model, step, ids, shape: dict, device: str, sync, batches: int =
     return out
 
 
+def _dispatch_us() -> float:
+    """The host's speed at what an eager step's launching thread does: microseconds per
+    small torch op dispatched from Python on the CPU (median of 5 runs of 2000). Two
+    H100 machines of one kind differed here by how long a warm-up took (v15: 2.8 against
+    4.0 s for `none`), and an eager plan bound by its launching thread with them."""
+    import torch
+
+    a, b = torch.ones(8), torch.ones(8)
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            torch.add(a, b)
+        runs.append((time.perf_counter() - t0) / 2000 * 1e6)
+    return statistics.median(runs)
+
+
+def _host_bound(forwards: list) -> dict:
+    """How the measured steps' forward went on the host against the GPU: the host's
+    time to issue it (model call to loss, no sync) and the GPU's time from the step's
+    start to the end of the last kernel issued then (CUDA events). A forward whose host
+    time is near its GPU time kept the GPU waiting on the thread that launches it (the
+    GPU cannot finish before the host has issued); a host far ahead does not. Medians;
+    dispatch_us: _dispatch_us() in this method's process."""
+    host = statistics.median(h for h, _ in forwards)
+    gpu = [g for _, g in forwards if g is not None]
+    return dict(forward_host_ms=round(host, 2),
+                forward_gpu_ms=round(statistics.median(gpu), 2) if gpu else None,
+                dispatch_us=round(_dispatch_us(), 3))
+
+
 def run_one(spec: str, args) -> dict:
     import torch
 
@@ -708,16 +739,24 @@ def run_one(spec: str, args) -> dict:
             from spillway import _C
             _C.synchronize()
 
+    forwards = []  # (host ms, GPU ms) of each step's forward: see _host_bound
+
     def one_step():
         sync()
         start_alloc = torch.cuda.memory_allocated() if cuda else 0
         if cuda:
             torch.cuda.reset_peak_memory_stats()
+            marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            marks[0].record()
         t0 = time.perf_counter()
         loss = step(ids)
+        t_forward = time.perf_counter()
+        if cuda:
+            marks[1].record()
         loss.backward()
         sync()
         dt = time.perf_counter() - t0
+        forwards.append((1e3 * (t_forward - t0), marks[0].elapsed_time(marks[1]) if cuda else None))
         peak = torch.cuda.max_memory_allocated() if cuda else 0
         return dt, start_alloc, peak, float(loss.detach().float())
 
@@ -733,6 +772,7 @@ def run_one(spec: str, args) -> dict:
         warm_allocs.append(pinned() - before)
     warm_s = time.perf_counter() - t_build
     times, above, peaks, losses, allocs = [], [], [], [], []
+    del forwards[:]
     for _ in range(args.steps):
         before = pinned()
         dt, start_alloc, peak, loss = one_step()
@@ -749,7 +789,7 @@ def run_one(spec: str, args) -> dict:
         activation_gib=max(above) / GIB if cuda else None,
         peak_allocated_gib=max(peaks) / GIB if cuda else None,
         weights_and_grads_gib=(torch.cuda.memory_allocated() / GIB) if cuda else None,
-        loss_first=losses[0], method_stats=stats())
+        loss_first=losses[0], method_stats=stats(), host=_host_bound(forwards))
     if name.startswith("spillway"):
         result["pinned_allocations_per_step"] = {"warmup": warm_allocs, "measured": allocs}
     if args.profile and cuda:
@@ -822,6 +862,19 @@ def render(results: list[dict], command: str) -> str:
                  and (r.get("method_stats") or {}).get("forecast")]
     if forecasts:
         out.extend(_render_forecasts(forecasts))
+    hosts = [r for r in results if "error" not in r and r.get("host")]
+    if hosts:
+        out.append("\nThe forward on the host and on the GPU (medians over the measured steps; "
+                   "host = issuing it, model call to loss, no sync; GPU = step start to its "
+                   "last kernel; a host near the GPU kept it waiting); dispatch = the host's "
+                   "microseconds per small CPU torch op in that method's process:\n")
+        out.append("| method | forward host ms | forward GPU ms | dispatch us |")
+        out.append("|---|---|---|---|")
+        for r in hosts:
+            h = r["host"]
+            gpu = f"{h['forward_gpu_ms']:.1f}" if h.get("forward_gpu_ms") is not None else "-"
+            out.append(f"| {r['method']} | {h['forward_host_ms']:.1f} | {gpu} | "
+                       f"{h['dispatch_us']:.2f} |")
     errors = [r for r in results if r.get("fp32_error")]
     if errors:
         out.append("\nAgainst the same weights in fp32 (eager, nothing saved), one more step "
