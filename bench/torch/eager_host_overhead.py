@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""What Spillway's eager hooks cost the thread that launches a step: host time of the
+forward per block and per saved tensor, on a model whose kernels take next to nothing.
+
+    PYTHONPATH=python python3 bench/torch/eager_host_overhead.py [--device cpu|cuda]
+        [--layers 16] [--steps 20] [--json OUT]
+
+Why: on T1 an eager plan's forward is bound by that thread (v15, H100: in a profiled
+step the launch lead stays at zero through the forward and the compute stream idles 4-5
+ms of every 10; the same plans ran 25-54 ms slower on a machine whose host was slower,
+bench/results/2026-12-07-t1-eager-budget-v15-h100.md). The kernels of one T1 block take
+~5.2 ms on an H100; whatever the hooks add to the host's ~block time beyond that is
+step time. This measures the hooks apart from the kernels: a Llama with T1's structure
+(its layer count, as many key/value heads as heads, SDPA) and tiny tensors (hidden 128,
+batch 1 x seq 16), so a forward's host time is Python and the dispatcher.
+
+Ways of running the forward, each timed on the host (model call to loss, no sync;
+median of --steps after warm-up), each the same work but for the hooks:
+
+- none: no context;
+- offload: offload_activations(model) moving every saved tensor (min_bytes=0);
+- plan, <policy>: a memory_budget context whose every block call runs the policy:
+  offload S_k with C_k and L_k kept apart (their blocks run under the Recorder), the
+  same with C_k and L_k rebuilt (recipes), and the block checkpointed.
+
+Printed: host ms per forward, the difference to `none` per block call and per saved
+tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
+machine's: compare ways within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+
+def _model(device: str, layers: int):
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=352, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=256,
+        max_position_embeddings=64, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(device).train()
+    ids = torch.randint(0, 256, (1, 16), device=device)
+    return model, ids
+
+
+def _forward_host_ms(model, ids, ctx, steps: int, sync) -> tuple[float, int]:
+    """(median host ms of the forward, tensors the context saw per step)."""
+    seen0 = ctx.stats()["tensors_seen"] if ctx is not None else 0
+    times = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        sync()
+        t0 = time.perf_counter()
+        if ctx is None:
+            loss = model(ids, labels=ids, use_cache=False).loss
+        else:
+            with ctx:
+                loss = model(ids, labels=ids, use_cache=False).loss
+        times.append(1e3 * (time.perf_counter() - t0))
+        loss.backward()
+        sync()
+    seen = (ctx.stats()["tensors_seen"] - seen0) // steps if ctx is not None else 0
+    return statistics.median(times), seen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    import torch
+
+    from spillway.activations._eager_budget import _CallPolicy
+    from spillway.activations.eager import offload_activations
+
+    cuda = args.device.startswith("cuda")
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    model, ids = _model(args.device, args.layers)
+    warm = max(3, args.steps // 4)
+    rows = []
+
+    def measure(name, ctx):
+        _forward_host_ms(model, ids, ctx, warm, sync)
+        ms, seen = _forward_host_ms(model, ids, ctx, args.steps, sync)
+        rows.append(dict(way=name, forward_host_ms=round(ms, 3), tensors_seen=seen))
+
+    measure("none", None)
+    measure("offload", offload_activations(model, min_bytes=0, device=args.device))
+    policies = {
+        "plan, offload S_k, keep C_k and L_k (recorded)":
+            dict(checkpoint=False, offload_saved=True, offload_input=False, lag=0,
+                 cheap="keep", linear="keep"),
+        "plan, offload S_k, rebuild C_k and L_k":
+            dict(checkpoint=False, offload_saved=True, offload_input=False, lag=0,
+                 cheap="recompute", linear="recompute"),
+        "plan, checkpoint": dict(checkpoint=True, offload_saved=False, offload_input=False),
+    }
+    for name, policy in policies.items():
+        ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
+                                  device=args.device)
+        _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan
+        ctx._policies = [_CallPolicy(**policy) for _ in ctx._policies]
+        measure(name, ctx)
+
+    none = rows[0]["forward_host_ms"]
+    print(f"# eager hooks on the host: {args.layers} layers, {args.device}, "
+          f"torch {torch.__version__}, median of {args.steps} forwards\n")
+    print("| way | forward host ms | over none, per block us | saved tensors seen | "
+          "over none, per tensor us |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        over = r["forward_host_ms"] - none
+        per_block = 1e3 * over / args.layers
+        per_tensor = f"{1e3 * over / r['tensors_seen']:.1f}" if r["tensors_seen"] else "-"
+        r.update(over_none_per_block_us=round(per_block, 1))
+        print(f"| {r['way']} | {r['forward_host_ms']:.2f} | {per_block:.0f} | "
+              f"{r['tensors_seen'] or '-'} | {per_tensor} |")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(dict(device=args.device, layers=args.layers, torch=torch.__version__,
+                           rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
