@@ -21,7 +21,8 @@ median of --steps after warm-up), each the same work but for the hooks:
 - offload: offload_activations(model) moving every saved tensor (min_bytes=0);
 - plan, <policy>: a memory_budget context whose every block call runs the policy:
   offload S_k with C_k and L_k kept apart (their blocks run under the Recorder), the
-  same with C_k and L_k rebuilt (recipes), and the block checkpointed.
+  same with C_k and L_k rebuilt (recipes), the block checkpointed, and the first again
+  with their parts by position (Note [Parts by position], _recipes.py: no Recorder).
 
 Printed: host ms per forward, the difference to `none` per block call and per saved
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
@@ -113,7 +114,12 @@ def main() -> int:
                  cheap="recompute", linear="recompute"),
         "plan, checkpoint": dict(checkpoint=True, offload_saved=False, offload_input=False),
     }
-    for name, policy in policies.items():
+    from spillway.activations import _eager_budget
+
+    keep_apart = next(iter(policies))
+    for name, policy, by_position in [(n, p, False) for n, p in policies.items()] + [
+            (keep_apart.replace("(recorded)", "(by position)"), policies[keep_apart], True)]:
+        _eager_budget._PARTS_BY_POSITION = by_position  # Note [Parts by position]
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan

@@ -743,6 +743,80 @@ def test_each_projection_is_rebuilt_once_a_step(cheap, no_leaks, linear_recipes,
     assert len(set(rebuilt)) == len(rebuilt)
 
 
+_APART = [("offload", "keep", "keep"), ("keep", "offload", "keep"), ("keep", "keep", "offload"),
+          ("offload", "offload", "keep"), ("keep", "offload", "offload")]
+
+
+@pytest.mark.parametrize("saved, cheap, linear", _APART)
+@pytest.mark.parametrize("name", ["llama", "llama-bf16", "gpt2-dropout"])
+def test_parts_by_position_move_what_the_recorder_would(name, saved, cheap, linear, no_leaks,
+                                                        linear_recipes, monkeypatch):
+    """Note [Parts by position]: a call keeping or offloading its cheap and linear parts
+    apart, none rebuilt, takes each save's part from its last call under the Recorder
+    instead of a Recorder: the same bytes move, bit-exactly, every save matched."""
+    from spillway.activations import _eager_budget
+
+    if name == "gpt2-dropout" and (saved, cheap) == ("keep", "keep"):
+        pytest.skip("GPT-2 has no linear part: nothing would move")
+    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
+            else WORKLOADS[name]())
+    # Under the Recorder, resolving a cheap tensor's recipe packs the inputs it would
+    # hold (the bf16 hidden state of a norm's float copy) even where the plan keeps the
+    # tensor and never runs the recipe: those bytes move for nothing, and by position
+    # they do not. Counted here, to compare the rest.
+    extra_moved = [0]
+    pack_extra = _eager_budget.BudgetedOffload._pack_extra
+
+    def counting(ctx, t):
+        before = ctx._stats["bytes_offloaded"]
+        packed = pack_extra(ctx, t)
+        extra_moved[0] += ctx._stats["bytes_offloaded"] - before
+        return packed
+
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack_extra", counting)
+    parts = dict(cheap=cheap, linear=linear)
+    moved, extras = {}, {}
+    for by_position in (False, True):
+        monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", by_position)
+        ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+        before = ctx.stats()
+        extra_moved[0] = 0
+        moved[by_position] = _steps_under(work, ctx, 2, saved, **parts)[0]
+        extras[by_position] = extra_moved[0]
+        stats = ctx.stats()
+        matched = stats["parts_by_position"] - before["parts_by_position"]
+        assert (matched > 0) == by_position, matched
+        assert stats["parts_departed"] == 0
+    # Two steps each under the Recorder against one learning step and one by position.
+    assert extras[True] * 2 == extras[False], extras
+    assert moved[True] + extras[True] == moved[False] > 0, (moved, extras)
+
+
+def test_a_call_departing_from_its_learned_saves_is_recorded_again(no_leaks, linear_recipes,
+                                                                   monkeypatch):
+    """A save whose layout is not the learned one ends the call's parts by position (the
+    rest of its saves go as S_k, counted) and the call runs under the Recorder at its
+    next call, learning again: results stay bit-exact throughout."""
+    from spillway.activations import _eager_budget
+
+    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+    work = WORKLOADS["llama"]()
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    _steps_under(work, ctx, 1, "offload", cheap="keep", linear="keep")  # learns
+    calls = len(ctx._policies)
+    assert ctx.stats()["parts_by_position"] == 0 and sorted(ctx._save_parts) == list(range(calls))
+    table = ctx._save_parts[1][1]
+    layout, part = table[3]
+    table[3] = ((*layout[:2], (99,), *layout[3:]), part)  # another shape
+    _steps_under(work, ctx, 1, "offload", cheap="keep", linear="keep")
+    stats = ctx.stats()
+    assert stats["parts_departed"] == 1 and 1 not in ctx._save_parts
+    assert stats["parts_by_position"] == 3 + sum(len(ctx._save_parts[k][1])
+                                                 for k in range(calls) if k != 1)
+    _steps_under(work, ctx, 1, "offload", cheap="keep", linear="keep")  # call 1 learns again
+    assert ctx.stats()["parts_departed"] == 1 and sorted(ctx._save_parts) == list(range(calls))
+
+
 def test_nothing_is_recorded_under_autocast():
     """An op recorded under autocast would run again outside it, in another dtype: the
     Recorder leaves such outputs unrecorded (saved as the rest)."""
@@ -1058,6 +1132,30 @@ def test_cuda_linear_recipes_rebuild_the_projections_bit_exactly(linear_recipes)
         saved_by_rebuild = peaks["recompute", "keep"] - peaks["recompute", "recompute"]
         assert 0.7 * linear <= saved_by_rebuild <= 1.05 * linear, (saved_by_rebuild, linear)
         assert peaks["recompute", "offload"] < peaks["recompute", "keep"]
+
+
+@needs_cuda
+def test_cuda_parts_by_position_peak_as_under_the_recorder_bit_exactly(linear_recipes,
+                                                                      monkeypatch):
+    """Note [Parts by position] on the GPU, bf16 Llama: every block call offloads S_k and
+    keeps or offloads C_k and L_k apart, its parts by position after a step under the
+    Recorder: bit-equal on every step, every save matched, and the peak of each policy
+    within 1 % of its peak under the Recorder."""
+    from spillway.activations import _eager_budget
+
+    policies = {(cheap, linear): dict(offload_saved=True, cheap=cheap, linear=linear)
+                for cheap, linear in [("keep", "keep"), ("offload", "keep"),
+                                      ("keep", "offload")]}
+    with deterministic_cuda():
+        ctx, step, reference, _ = _cuda_planned_llama()
+        recorded = _cuda_peaks_under(ctx, step, reference, policies)
+        monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+        ctx._save_parts.clear()
+        by_position = _cuda_peaks_under(ctx, step, reference, policies)
+        stats = ctx.stats()
+        assert stats["parts_by_position"] > 0 and stats["parts_departed"] == 0, stats
+    for key, peak in by_position.items():
+        assert abs(peak - recorded[key]) <= 0.01 * recorded[key], (key, peak, recorded[key])
 
 
 @needs_cuda

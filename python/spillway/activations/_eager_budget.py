@@ -104,8 +104,8 @@ from torch.utils.checkpoint import checkpoint
 from spillway import _budget
 from spillway.activations import eager
 from spillway.activations._eager_store import _Kept, _Layer
-from spillway.activations._recipes import (RebuildProbe, Recipe, RecipeScope, Recorder, nodes_of,
-                                           storage_key)
+from spillway.activations._recipes import (RebuildProbe, Recipe, RecipeScope, Recorder, SaveParts,
+                                           nodes_of, save_layout, storage_key)
 from spillway.activations._budget_graph import (BlockCall, StepProfile, as_run_peak,
                                                 block_graph, calibrate, placeholder_bytes,
                                                 rebuild_ms)
@@ -124,6 +124,10 @@ _REBUILD_RUNS = 5
 # v14's.
 _LINEAR_RECIPES = True
 _SEARCH_BOTH_ENDS = True
+# Note [Parts by position]: a block call whose cheap and linear parts are kept or
+# offloaded apart, none rebuilt, takes which saves are which from its last call under
+# the Recorder instead of running under it again. Off until T1 is measured with it.
+_PARTS_BY_POSITION = False
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -518,11 +522,17 @@ class BudgetedOffload(eager.OffloadActivations):
         self._saved_forwards: list = []
         self._warned_cache = False
         # The block call running under a Recorder (plan mode, a policy with `cheap` or
-        # `linear`): its RecipeScope and policy; the part ("cheap", "linear") of the call's
-        # saved tensors the store is packing, None: the rest.
-        self._recipes: tuple[RecipeScope, _CallPolicy] | None = None
+        # `linear`): its RecipeScope (or SaveParts, Note [Parts by position]) and policy;
+        # the part ("cheap", "linear") of the call's saved tensors the store is packing,
+        # None: the rest.
+        self._recipes: tuple[RecipeScope | SaveParts, _CallPolicy] | None = None
         self._packing_part: str | None = None
-        self._recomputed = {"tensors_recomputed": 0, "bytes_recomputed": 0}
+        self._recomputed = {"tensors_recomputed": 0, "bytes_recomputed": 0,
+                            "parts_by_position": 0, "parts_departed": 0}
+        # Note [Parts by position]: per block call, the policy and each save's layout and
+        # part as its last run under the Recorder found them; the list being filled.
+        self._save_parts: dict[int, tuple[_CallPolicy, list[tuple]]] = {}
+        self._learning: list[tuple] | None = None
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
         # Note [The head's late tensors]: the plan offloads them (from the profile: the
         # positions of their saves after the last block); the head's layer of this step,
@@ -733,7 +743,7 @@ class BudgetedOffload(eager.OffloadActivations):
                 out = checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
                                  **kwargs)
             elif policy is not None and policy.recorded:
-                out = self._recorded_call(policy, original, args, kwargs)
+                out = self._recorded_call(ordinal, policy, original, args, kwargs)
             else:
                 out = original(*args, **kwargs)
             if mode == "plan":
@@ -748,24 +758,50 @@ class BudgetedOffload(eager.OffloadActivations):
                             for t in (*self._model.parameters(), *self._model.buffers())}
         return self._params
 
-    def _recorded_call(self, policy: _CallPolicy, original, args, kwargs):
+    def _recorded_call(self, ordinal: int, policy: _CallPolicy, original, args, kwargs):
         """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py)."""
+        by_position = _PARTS_BY_POSITION and "recompute" not in (policy.cheap, policy.linear)
+        learned = self._save_parts.get(ordinal)
+        if by_position and learned is not None and learned[0] == policy:
+            self._recipes = (SaveParts(learned[1]), policy)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                parts, self._recipes = self._recipes[0], None
+                if parts.departed:
+                    del self._save_parts[ordinal]  # learned again at its next call
+                with self._lock:
+                    self._recomputed["parts_by_position"] += parts.at
+                    self._recomputed["parts_departed"] += parts.departed
         recorder = Recorder(self._params_by_ptr())
         self._recipes = (RecipeScope(recorder, pack_extra=self._pack_extra), policy)
+        self._learning = [] if by_position else None
         try:
             with recorder:
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
+            if self._learning is not None:
+                self._save_parts[ordinal] = (policy, self._learning)
+            return out
         finally:
-            self._recipes = None
+            self._recipes = self._learning = None
 
     def _pack(self, t):
         head = self._head_save(t)
         if head is not None:
             return head
         recipes = self._recipes
-        if recipes is None or self._in_backward() or isinstance(t, nn.Parameter):
+        if recipes is None or self._in_backward():
             return super()._pack(t)
         scope, policy = recipes
+        if isinstance(scope, SaveParts):  # learned under this policy: its parts
+            self._packing_part = scope.next(t)
+            try:
+                return super()._pack(t)
+            finally:
+                self._packing_part = None
+        if isinstance(t, nn.Parameter):
+            self._learn(t, None)
+            return super()._pack(t)
         # Which part t is of: cheap (elementwise recipes), linear (Note [Linear recipes]:
         # asked only where the plan treats that part apart), or the rest.
         part, node = None, None
@@ -785,6 +821,7 @@ class BudgetedOffload(eager.OffloadActivations):
             # rebuilt linear output as any packed input (its recipe unpacks it).
             scope.note_packed(t, packed, cheap=part == "cheap")
             return packed
+        self._learn(t, part)
         self._packing_part = part
         try:
             packed = super()._pack(t)
@@ -792,6 +829,11 @@ class BudgetedOffload(eager.OffloadActivations):
             self._packing_part = None
         scope.note_packed(t, packed)
         return packed
+
+    def _learn(self, t, part) -> None:
+        """Note [Parts by position]: the part the Recorder found for this save."""
+        if self._learning is not None:
+            self._learning.append((save_layout(t), part))
 
     def _pack_extra(self, t):
         """An input a recipe holds that the block does not save: saved as the rest is."""
