@@ -70,9 +70,9 @@ rest" for the call's remaining saves (counted), and the call runs under the
 Recorder again at its next call. (Not the profiling step's recompute: with a
 KV cache, use_cache=True, the recompute saves other shapes than the forward.)
 So such a call runs no Recorder and resolves no recipe: on a tiny T1-shaped
-Llama on a 2-core CPU host that was +2.57 ms a block of host time over a plain
-forward under the Recorder against +0.97 ms for the eager store alone
-(bench/torch/eager_host_overhead.py).
+Llama on a 2-core CPU host a block costs +1.38 ms of host time over a plain
+forward by position against +2.60 ms under the Recorder (the eager store
+alone: +0.81 ms; bench/torch/eager_host_overhead.py).
 
 Thread-safety: a Recorder and its RecipeScope belong to one block call on
 one thread; a Recipe is unpacked by autograd on its thread.
@@ -147,8 +147,8 @@ def save_layout(t: torch.Tensor) -> tuple:
 
 
 class SaveParts:
-    """One block call's saves' parts ("cheap", "linear", None: the rest) by position,
-    from the profiling step (Note [Parts by position])."""
+    """One block call's saves' parts ("cheap", "linear", None: the rest) by position, as
+    its last call under the Recorder found them (Note [Parts by position])."""
 
     __slots__ = ("table", "at", "departed")
 
