@@ -105,21 +105,20 @@ def main() -> int:
 
     measure("none", None)
     measure("offload", offload_activations(model, min_bytes=0, device=args.device))
-    policies = {
-        "plan, offload S_k, keep C_k and L_k (recorded)":
-            dict(checkpoint=False, offload_saved=True, offload_input=False, lag=0,
-                 cheap="keep", linear="keep"),
-        "plan, offload S_k, rebuild C_k and L_k":
-            dict(checkpoint=False, offload_saved=True, offload_input=False, lag=0,
-                 cheap="recompute", linear="recompute"),
-        "plan, checkpoint": dict(checkpoint=True, offload_saved=False, offload_input=False),
-    }
     from spillway.activations import _eager_budget
 
-    keep_apart = next(iter(policies))
-    for name, policy, by_position in [(n, p, False) for n, p in policies.items()] + [
-            (keep_apart.replace("(recorded)", "(by position)"), policies[keep_apart], True)]:
-        _eager_budget._PARTS_BY_POSITION = by_position  # Note [Parts by position]
+    keep_apart = dict(checkpoint=False, offload_saved=True, offload_input=False, lag=0,
+                      cheap="keep", linear="keep")
+    rebuild = dict(keep_apart, cheap="recompute", linear="recompute")
+    ways = [  # (name, the policy of every block call, Note [Parts by position])
+        ("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart, False),
+        ("plan, offload S_k, rebuild C_k and L_k", rebuild, False),
+        ("plan, checkpoint", dict(checkpoint=True, offload_saved=False, offload_input=False),
+         False),
+        ("plan, offload S_k, keep C_k and L_k (by position)", keep_apart, True),
+    ]
+    for name, policy, by_position in ways:
+        _eager_budget._PARTS_BY_POSITION = by_position
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan

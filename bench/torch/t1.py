@@ -100,6 +100,7 @@ spillway then uses its fake backend, and peak memory is not measured on CPU).
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import json
@@ -542,9 +543,7 @@ def _eager_budget(model, device: str, options: dict, plain):
                                    linear_ms=round(calls[c.call].linear_ms, 3),
                                    forward_ms=round(c.forward_ms, 3),
                                    backward_ms=round(c.backward_ms, 3)) for c in plan.choices]
-            mix: dict = {}
-            for c in plan.choices:
-                mix[c.summary("-")] = mix.get(c.summary("-"), 0) + 1
+            mix = dict(collections.Counter(c.summary("-") for c in plan.choices))
             if plan.head == "offload":
                 mix["head-offload"] = 1
             out["head"] = plan.head

@@ -87,6 +87,7 @@ context's lock).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -367,9 +368,7 @@ class EagerBudgetPlan:
             f.write(self._replan(svg_title=title)["memory_svg"])
 
     def __repr__(self) -> str:
-        mix = {}
-        for c in self.choices:
-            mix[c.summary()] = mix.get(c.summary(), 0) + 1
+        mix = dict(collections.Counter(c.summary() for c in self.choices))
         if self.head == "offload":
             mix["head offload"] = 1
         f = self.forecast()
@@ -794,14 +793,9 @@ class BudgetedOffload(eager.OffloadActivations):
             return super()._pack(t)
         scope, policy = recipes
         if isinstance(scope, SaveParts):  # learned under this policy: its parts
-            self._packing_part = scope.next(t)
-            try:
-                return super()._pack(t)
-            finally:
-                self._packing_part = None
+            return self._pack_part(t, scope.next(t))
         if isinstance(t, nn.Parameter):
-            self._learn(t, None)
-            return super()._pack(t)
+            return self._pack_part(t, None)
         # Which part t is of: cheap (elementwise recipes), linear (Note [Linear recipes]:
         # asked only where the plan treats that part apart), or the rest.
         part, node = None, None
@@ -821,19 +815,20 @@ class BudgetedOffload(eager.OffloadActivations):
             # rebuilt linear output as any packed input (its recipe unpacks it).
             scope.note_packed(t, packed, cheap=part == "cheap")
             return packed
-        self._learn(t, part)
-        self._packing_part = part
-        try:
-            packed = super()._pack(t)
-        finally:
-            self._packing_part = None
+        packed = self._pack_part(t, part)
         scope.note_packed(t, packed)
         return packed
 
-    def _learn(self, t, part) -> None:
-        """Note [Parts by position]: the part the Recorder found for this save."""
+    def _pack_part(self, t, part: str | None):
+        """t saved by the store as of `part` ("cheap", "linear"; None: the rest); under the
+        Recorder, the part noted for its call (Note [Parts by position])."""
         if self._learning is not None:
             self._learning.append((save_layout(t), part))
+        self._packing_part = part
+        try:
+            return super()._pack(t)
+        finally:
+            self._packing_part = None
 
     def _pack_extra(self, t):
         """An input a recipe holds that the block does not save: saved as the rest is."""
