@@ -48,9 +48,10 @@ BENCHMARKS.md). Methods:
                          (spillway-eager-budget:19GiB; the planner gets weights +
                          gradients + 19 GiB), or a fraction of the no-offload peak
                          (spillway-eager-budget:0.5); more options after it
-                         (spillway-eager-budget:7.1GiB,lag=2,prefetch=2). The first
-                         two warm-up steps profile, the plan applies from the third
-                         (needs --warmup >= 3). The results carry the plan's
+                         (spillway-eager-budget:7.1GiB,lag=2,prefetch=2;
+                         by_position=0|1 sets Note [Parts by position] for the run).
+                         The first two warm-up steps profile, the plan applies from the
+                         third (needs --warmup >= 3). The results carry the plan's
                          forecast beside the measurement (a table of its own).
   compiled               torch.compile (inductor), nothing; options after a colon set
                          torch._functorch.config flags for this method, e.g.
@@ -503,6 +504,9 @@ def _eager_budget(model, device: str, options: dict, plain):
         raise SystemExit("[t1] spillway-eager-budget needs a budget: "
                          "spillway-eager-budget:19GiB")
     budget = _budget_bytes(options.pop("budget"), model, device)
+    if "by_position" in options:  # this method's own subprocess: the flag is its alone
+        from spillway.activations import _eager_budget
+        _eager_budget._PARTS_BY_POSITION = bool(options.pop("by_position"))
     ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
 
     def step(ids):

@@ -807,6 +807,7 @@ class BudgetedOffload(eager.OffloadActivations):
                 part = "linear" if node is not None else None
         decision = policy.cheap if part == "cheap" else policy.linear if part == "linear" else None
         if node is not None and decision == "recompute":
+            scope.pack_extras(node)
             with self._lock:
                 self._recomputed["tensors_recomputed"] += 1
                 self._recomputed["bytes_recomputed"] += t.untyped_storage().nbytes()
@@ -997,11 +998,14 @@ class BudgetedOffload(eager.OffloadActivations):
                 node = scope.node_for(t)
                 cheap[key] = cheap.get(key, True) and node is not None
                 if node is not None:
+                    scope.pack_extras(node)  # counted: what a rebuild of C_k holds
                     ops.update((id(n.made), n.made) for n in nodes_of(node))
                     roots.setdefault(key, node)
                     scope.note_packed(t, t.detach(), cheap=True)  # never t: see _recipes._Arg
                 else:
                     node = scope.node_for(t, linear=True) if _LINEAR_RECIPES else None
+                    if node is not None:
+                        scope.pack_extras(node)
                     linear[key] = node if linear.get(key, node) is not None else None
                     scope.note_packed(t, t.detach())
             return outer_pack(t)

@@ -24,7 +24,9 @@ How (one block call at a time):
      layout and version: autograd holds it anyway), a parameter, itself
      rebuildable, or, when smaller than what it rebuilds, held for the recipe
      and saved like the rest (the bf16 hidden state an RMSNorm's float copy is
-     made from). The answer is a Recipe, which holds the packed objects of its
+     made from) once the caller decides to rebuild t (pack_extras: a plan that
+     keeps or offloads t never runs the recipe, and moving its extra inputs
+     would move bytes for nothing). The answer is a Recipe, which holds the packed objects of its
      inputs (never the rebuilt tensors themselves) and a version witness of t.
   3. Unpacking a Recipe (in backward) unpacks its inputs through the
      context's own unpack (a reload where they were offloaded), runs the
@@ -298,7 +300,7 @@ class _Param:
 
 class _Extra:
     """An input held for a recipe though the block does not save it (resolution only:
-    node_for packs it once the whole recipe resolves)."""
+    RecipeScope.pack_extras packs it once the caller rebuilds with the recipe)."""
 
     __slots__ = ("tensor", "layout", "version")
 
@@ -490,12 +492,12 @@ class RecipeScope:
         node = self._node(storage, t._version, {}, 0, linear)
         if node is not None and linear and not any(n.made.linear for n in nodes_of(node)):
             return None
-        if node is not None:
-            self._pack_extras(node)
         return node
 
-    def _pack_extras(self, root: _Node) -> None:
-        """Saves the inputs the recipe holds that nothing saved yet (once each)."""
+    def pack_extras(self, root: _Node) -> None:
+        """Saves the inputs node_for's recipe holds that nothing saved yet (once each):
+        called where the recipe will rebuild its tensor, never where t is kept or offloaded
+        as the rest (then nothing reads them)."""
         for node in nodes_of(root):
             if not any(isinstance(a, _Extra) for a in (*node.args, *node.kwargs.values())):
                 continue
