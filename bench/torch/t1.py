@@ -908,9 +908,9 @@ def _render_forecasts(results: list[dict]) -> list[str]:
     compiled graph: the one with the largest peak is shown)."""
     out = ["\nThe budget planner's forecast (its simulation of its plan) against the "
            "measurement; peak = allocated at the step's peak, weights included:\n",
-           "| method | decisions | predicted step ms | measured | error | predicted peak GiB "
-           "| measured | error | departures |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| method | decisions | predicted step ms | measured | error | with the host "
+           "(error) | predicted peak GiB | measured | error | departures |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         stats = r["method_stats"]
         f, departures = stats["forecast"], "-"
@@ -926,9 +926,36 @@ def _render_forecasts(results: list[dict]) -> list[str]:
         step_err = f"{100 * (f['step_ms'] - ms) / ms:+.1f}%"
         peak_cell = f"{peak:.2f}" if peak is not None else "-"
         peak_err = f"{100 * (fpeak - peak) / peak:+.1f}%" if peak else "-"
+        host = f.get("step_ms_with_host")  # Note [The host's share] (eager)
+        host_cell = f"{host:.1f} ({100 * (host - ms) / ms:+.1f}%)" if host is not None else "-"
         out.append(f"| {r['method']} | {mix} | {f['step_ms']:.1f} | {ms:.1f} | {step_err} | "
-                   f"{fpeak:.2f} | {peak_cell} | {peak_err} | {departures} |")
-    return out
+                   f"{host_cell} | {fpeak:.2f} | {peak_cell} | {peak_err} | {departures} |")
+    return out + _render_block_hosts(results)
+
+
+def _render_block_hosts(results: list[dict]) -> list[str]:
+    """spillway-eager-budget: the blocks' forward on the launching thread against the
+    device, summed over the block calls. The simulator models the device only."""
+    rows = []
+    for r in results:
+        stats = r["method_stats"]
+        calls = (stats.get("profile") or {}).get("calls") or []
+        planned = stats.get("block_forward_host_ms") or []
+        if not calls or not planned or calls[0].get("forward_host_ms") is None:
+            continue
+        total = (lambda key: sum(c.get(key) or 0.0 for c in calls))
+        rows.append(f"| {r['method']} | {total('forward_ms'):.1f} | "
+                    f"{total('forward_host_ms'):.1f} | {total('recorded_host_ms'):.1f} | "
+                    f"{sum(planned):.1f} |")
+    if not rows:
+        return []
+    return ["\nThe blocks' forward, summed over the block calls (ms): on the device as "
+            "profiled; on the host as profiled (checkpointed, no saves), as its recompute "
+            "ran under the Recorder, and in the last planned step (the plan's hooks "
+            "included):\n",
+            "| method | device, profiled | host, profiled | host, under the Recorder | "
+            "host, planned |",
+            "|---|---|---|---|---|", *rows]
 
 
 def _render_profiles(profiled: list[dict], base: dict) -> list[str]:

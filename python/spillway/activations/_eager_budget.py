@@ -287,6 +287,27 @@ class _CallPolicy:
         return self.cheap is not None or self.linear is not None
 
 
+# Note [The host's share]. The simulator replays the device's streams; an eager step
+# also needs a thread to launch it, and a block call whose saves go through Python
+# hooks (a Recorder, recipes, the store) can take that thread longer than the device
+# takes to run it. Then the device waits: on T1 (v15, H100) the launch lead stayed at
+# zero through a planned forward and the compute stream idled 4-5 ms of every 10, and
+# the same plans ran 25-54 ms slower on a machine whose host was slower. The profiling
+# step times each block's forward on the host (BlockCall.forward_host_ms: checkpointed,
+# no saves) and its recompute under the Recorder (recorded_host_ms: each save
+# classified, as a block the plan records), and the forecast adds to step_ms what a
+# two-stage pipeline loses: the host issues block k in h_k (recorded_host_ms for a
+# block that runs under the Recorder, forward_host_ms otherwise), the device runs it in
+# d_k (forward_ms) and cannot finish it before the host issued it:
+#     done_k = max(done_k-1 + d_k, h_1 + ... + h_k),  stall = done_n - (d_1 + ... + d_n).
+# Not modelled: the store's pack hook for blocks that do not run under the Recorder,
+# the backward (its thread ran up to 113 ms ahead of the device, v15), and what the
+# host does outside block calls. So step_ms_with_host is a first order estimate beside
+# step_ms, which stays the simulator's: which of them the runs bear out is for the
+# measurement (t1.py prints both, and the planned step's host times per block:
+# stats()["block_forward_host_ms"]).
+
+
 class EagerBudgetPlan:
     """What the planner chose for a BudgetedOffload, and what it forecasts.
 
@@ -322,7 +343,9 @@ class EagerBudgetPlan:
     def forecast(self) -> dict:
         """The predicted step: step_ms, peak_bytes, bytes_offloaded (each way),
         bytes_recomputed, recompute_ms, compute_wait_ms, peak_node, peak_phase, and
-        baseline_step_ms / baseline_peak_bytes (every block kept), budget_bytes.
+        baseline_step_ms / baseline_peak_bytes (every block kept), budget_bytes; where the
+        profile timed the host, host_forward_ms, host_stall_ms and step_ms_with_host
+        (Note [The host's share]).
         peak_bytes, peak_node and baseline_peak_bytes are what the run holds (Note [What
         a kept block holds], _budget_graph.as_run_peak); graph_peak_bytes and
         graph_baseline_peak_bytes the planner's, which it fitted to the budget."""
@@ -335,7 +358,27 @@ class EagerBudgetPlan:
                    graph_baseline_peak_bytes=b["peak_bytes"])
         if self._as_run is not None:
             out.update(self._as_run)
+        out.update(self._host_share())
         return out
+
+    def _host_share(self) -> dict:
+        """Note [The host's share]: host_forward_ms, host_stall_ms, step_ms_with_host, or
+        {} where the profile has no host times."""
+        calls = self.profile.calls
+        if not calls or any(c.forward_host_ms is None for c in calls):
+            return {}
+        issued = done = device = 0.0
+        for call, choice in zip(calls, self.choices):
+            recorded = choice.saved != "recompute" and (choice.cheap != choice.saved
+                                                        or choice.linear != choice.saved)
+            host = (call.recorded_host_ms if recorded and call.recorded_host_ms is not None
+                    else call.forward_host_ms)
+            issued += host
+            device += call.forward_ms
+            done = max(done + call.forward_ms, issued)
+        stall = done - device
+        return dict(host_forward_ms=issued, host_stall_ms=stall,
+                    step_ms_with_host=self.result["forecast"]["step_ms"] + stall)
 
     @property
     def prefetch(self) -> int:
@@ -449,6 +492,8 @@ class _Recording:
         ms = self.clock.ms
         for call, mark in zip(self.calls, self.marks):
             call.forward_ms = ms(mark["fwd_start"], mark["fwd_end"])
+            if "fwd_host" in mark:
+                call.forward_host_ms = round(mark["fwd_host"], 4)
             start, end = mark.get("bwd_start"), mark.get("bwd_end") or self.backward_end
             call.backward_ms = ms(start, end) if start is not None and end is not None else None
         per_call, other = grads
@@ -532,6 +577,7 @@ class BudgetedOffload(eager.OffloadActivations):
         # part as its last run under the Recorder found them; the list being filled.
         self._save_parts: dict[int, tuple[_CallPolicy, list[tuple]]] = {}
         self._learning: list[tuple] | None = None
+        self._block_host_ms: dict[int, float] = {}  # stats(): per block call ordinal
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
         # Note [The head's late tensors]: the plan offloads them (from the profile: the
         # positions of their saves after the last block); the head's layer of this step,
@@ -737,6 +783,7 @@ class BudgetedOffload(eager.OffloadActivations):
             ordinal, mode, policy = state
             if mode == "profile" and self._recording is not None:
                 return self._profiled_call(module, original, args, kwargs)
+            host = time.perf_counter()
             if mode == "checkpoint" or (policy is not None and policy.checkpoint):
                 self._warn_cache(kwargs)
                 out = checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
@@ -747,6 +794,8 @@ class BudgetedOffload(eager.OffloadActivations):
                 out = original(*args, **kwargs)
             if mode == "plan":
                 self._hook_prefetch(out)
+                # The launching thread's time for this call, hooks and all (stats).
+                self._block_host_ms[ordinal] = 1e3 * (time.perf_counter() - host)
             return out
         return forward
 
@@ -940,8 +989,10 @@ class BudgetedOffload(eager.OffloadActivations):
 
         self._warn_cache(kwargs)
         marks["fwd_start"] = clock.mark()
+        host = time.perf_counter()
         out = checkpoint(counted, *args, use_reentrant=False, preserve_rng_state=True,
                          early_stop=False, **kwargs)
+        marks["fwd_host"] = 1e3 * (time.perf_counter() - host)
         marks["fwd_end"] = clock.mark()
         outputs = _tensors(out)
         if outputs:
@@ -1010,8 +1061,10 @@ class BudgetedOffload(eager.OffloadActivations):
                     scope.note_packed(t, t.detach())
             return outer_pack(t)
 
+        host = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack), recorder:
             out = original(*args, **kwargs)
+        call.recorded_host_ms = round(1e3 * (time.perf_counter() - host), 4)
         output_keys = {k for k in map(storage_key, _tensors(out)) if k is not None}
         outside = input_keys | output_keys
         call.saved_bytes = sum(n for k, n in seen.items() if k not in outside)
@@ -1324,4 +1377,9 @@ class BudgetedOffload(eager.OffloadActivations):
         out["pass_mode"] = self._pass_mode
         with self._lock:
             out.update(self._recomputed)
+            # Per block call of the planned steps (the latest of each): the host's ms to
+            # run its forward, the plan's hooks included (BlockCall.forward_host_ms is the
+            # profiling step's, without them).
+            out["block_forward_host_ms"] = [round(self._block_host_ms[k], 3)
+                                            for k in sorted(self._block_host_ms)]
         return out
