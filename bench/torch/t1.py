@@ -908,9 +908,9 @@ def _render_forecasts(results: list[dict]) -> list[str]:
     compiled graph: the one with the largest peak is shown)."""
     out = ["\nThe budget planner's forecast (its simulation of its plan) against the "
            "measurement; peak = allocated at the step's peak, weights included:\n",
-           "| method | decisions | predicted step ms | measured | error | with the host "
-           "(error) | predicted peak GiB | measured | error | departures |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| method | decisions | predicted step ms | measured | error | predicted peak GiB "
+           "| measured | error | departures |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         stats = r["method_stats"]
         f, departures = stats["forecast"], "-"
@@ -926,16 +926,14 @@ def _render_forecasts(results: list[dict]) -> list[str]:
         step_err = f"{100 * (f['step_ms'] - ms) / ms:+.1f}%"
         peak_cell = f"{peak:.2f}" if peak is not None else "-"
         peak_err = f"{100 * (fpeak - peak) / peak:+.1f}%" if peak else "-"
-        host = f.get("step_ms_with_host")  # Note [The host's share] (eager)
-        host_cell = f"{host:.1f} ({100 * (host - ms) / ms:+.1f}%)" if host is not None else "-"
         out.append(f"| {r['method']} | {mix} | {f['step_ms']:.1f} | {ms:.1f} | {step_err} | "
-                   f"{host_cell} | {fpeak:.2f} | {peak_cell} | {peak_err} | {departures} |")
+                   f"{fpeak:.2f} | {peak_cell} | {peak_err} | {departures} |")
     return out + _render_block_hosts(results)
 
 
 def _render_block_hosts(results: list[dict]) -> list[str]:
     """spillway-eager-budget: the blocks' forward on the launching thread against the
-    device, summed over the block calls. The simulator models the device only."""
+    device, summed over the block calls (Note [The host's share], _eager_budget.py)."""
     rows = []
     for r in results:
         stats = r["method_stats"]

@@ -1325,49 +1325,15 @@ def _saved_per_block(model, ids) -> tuple[list[int], list[bool]]:
             [first[k] in s for k, s in enumerate(saved)])
 
 
-def test_the_host_times_each_block_and_the_forecast_adds_what_its_thread_holds_up():
+def test_the_host_times_each_block_as_profiled_and_as_planned():
     """Note [The host's share]: the profiling step times each block's forward on the host
-    and its recompute under the Recorder; the planned steps time each block call; the
-    forecast adds the stall of a device that cannot run a block before the host issued
-    it, and nothing where the host keeps ahead."""
+    and its recompute under the Recorder; the planned steps time each block call."""
     work = _Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16))
     ctx = _run(work, _budget_ctx(work, 0.8), steps=3)
-    calls, plan = ctx.plan.profile.calls, ctx.plan
+    calls = ctx.plan.profile.calls
     assert all(c.forward_host_ms > 0 and c.recorded_host_ms > 0 for c in calls)
-    assert len(ctx.stats()["block_forward_host_ms"]) == len(calls)
-    assert all(ms > 0 for ms in ctx.stats()["block_forward_host_ms"])
-    f = plan.forecast()
-    assert f["step_ms_with_host"] == pytest.approx(f["step_ms"] + f["host_stall_ms"])
-    assert f["host_stall_ms"] >= 0
-
-    # The pipeline by hand: device 5 ms a block; hosts 2, 9, 2, 2 ms (the second block
-    # recorded): issued at 2, 11, 13, 15, done at 5, 11, 16, 21 against the device's 20.
-    from spillway.activations._budget_graph import BlockCall, StepProfile
-    from spillway.activations._eager_budget import BlockChoice, EagerBudgetPlan
-
-    def plan_of(hosts, recorded_hosts, apart):
-        calls = [BlockCall(block=k, path=f"b{k}", forward_ms=5.0, forward_host_ms=h,
-                           recorded_host_ms=r) for k, (h, r) in enumerate(zip(hosts,
-                                                                              recorded_hosts))]
-        choices = [BlockChoice(call=k, block=f"b{k}", saved="offload", input="keep", lag=1,
-                               saved_bytes=0, input_bytes=0, forward_ms=5.0, backward_ms=10.0,
-                               cheap="keep" if a else "offload", cheap_bytes=0,
-                               linear="offload", linear_bytes=0) for k, a in enumerate(apart)]
-        return EagerBudgetPlan(choices=choices, budget_bytes=0, profile=StepProfile(calls),
-                               result={"forecast": {"step_ms": 100.0, "peak_bytes": 0},
-                                       "baseline": {"step_ms": 90.0, "peak_bytes": 0}},
-                               graph={}, options={}, calibration={})
-
-    f = plan_of([2, 2, 2, 2], [2, 9, 2, 2], [False, True, False, False]).forecast()
-    assert (f["host_forward_ms"], f["host_stall_ms"], f["step_ms_with_host"]) == (15, 1, 101)
-    f = plan_of([2, 2, 2, 2], [2, 9, 2, 2], [False] * 4).forecast()  # none recorded
-    assert (f["host_forward_ms"], f["host_stall_ms"]) == (8, 0)
-    f = plan_of([6, 6, 6, 6], [6, 6, 6, 6], [False] * 4).forecast()  # a slow host throughout
-    assert f["host_stall_ms"] == 4
-    unmeasured = plan_of([2] * 4, [2] * 4, [False] * 4)
-    for call in unmeasured.profile.calls:
-        call.forward_host_ms = None
-    assert "step_ms_with_host" not in unmeasured.forecast()
+    planned = ctx.stats()["block_forward_host_ms"]
+    assert len(planned) == len(calls) and all(ms > 0 for ms in planned)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

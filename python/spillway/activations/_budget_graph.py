@@ -138,9 +138,8 @@ class BlockCall:
     saves_input: bool | None = None
     # The launching thread's time (perf_counter) for the block's forward as the profiling
     # step ran it (checkpointed: no saves), and for its recompute in that step's backward
-    # (under the Recorder, each save classified): what the hooks of a plan add to the
-    # host, which the simulator does not model (an eager forward can be bound by its
-    # host: v15, bench/results/2026-12-07-t1-eager-budget-v15-h100.md). None: not measured.
+    # (under the Recorder, each save classified). The simulator does not model the host:
+    # Note [The host's share] (_eager_budget.py). None: not measured.
     forward_host_ms: float | None = None
     recorded_host_ms: float | None = None
 

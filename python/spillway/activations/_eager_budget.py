@@ -290,22 +290,19 @@ class _CallPolicy:
 # Note [The host's share]. The simulator replays the device's streams; an eager step
 # also needs a thread to launch it, and a block call whose saves go through Python
 # hooks (a Recorder, recipes, the store) can take that thread longer than the device
-# takes to run it. Then the device waits: on T1 (v15, H100) the launch lead stayed at
-# zero through a planned forward and the compute stream idled 4-5 ms of every 10, and
-# the same plans ran 25-54 ms slower on a machine whose host was slower. The profiling
-# step times each block's forward on the host (BlockCall.forward_host_ms: checkpointed,
-# no saves) and its recompute under the Recorder (recorded_host_ms: each save
-# classified, as a block the plan records), and the forecast adds to step_ms what a
-# two-stage pipeline loses: the host issues block k in h_k (recorded_host_ms for a
-# block that runs under the Recorder, forward_host_ms otherwise), the device runs it in
-# d_k (forward_ms) and cannot finish it before the host issued it:
-#     done_k = max(done_k-1 + d_k, h_1 + ... + h_k),  stall = done_n - (d_1 + ... + d_n).
-# Not modelled: the store's pack hook for blocks that do not run under the Recorder,
-# the backward (its thread ran up to 113 ms ahead of the device, v15), and what the
-# host does outside block calls. So step_ms_with_host is a first order estimate beside
-# step_ms, which stays the simulator's: which of them the runs bear out is for the
-# measurement (t1.py prints both, and the planned step's host times per block:
-# stats()["block_forward_host_ms"]).
+# takes to run it. Then the device waits. The profiling step times each block's
+# forward on the host (BlockCall.forward_host_ms: checkpointed, no saves) and its
+# recompute under the Recorder (recorded_host_ms), and planned steps time each block
+# call, hooks included (stats()["block_forward_host_ms"]); t1.py prints the sums.
+# On T1 (H100, 2026-12-07, bench/results/2026-12-07-t1-eager-budget-v16-probe-h100.md) a
+# block's kernels take 5.1 ms on the device and 1.4-2.5 ms to launch plainly; a block
+# under the Recorder took 4.2-10.4 ms to launch (rebuilding C_k, offloading S_k: ~7),
+# by position (Note [Parts by position]) 2.0-2.8 ms. A two-stage pipeline over the
+# planned steps' own host times (the device cannot finish block k before the host
+# issued it) accounts for most of each plan's miss (15 GiB: 27.9 of 31.7 ms), but the
+# profiling step does not give those times beforehand: its recompute runs in backward,
+# where the first one took 66-89 ms and the others 3.7-7.6 ms against 4.2-10.4 planned.
+# So the forecast stays the device's; making the hooks cheaper is what keeps it true.
 
 
 class EagerBudgetPlan:
@@ -343,9 +340,8 @@ class EagerBudgetPlan:
     def forecast(self) -> dict:
         """The predicted step: step_ms, peak_bytes, bytes_offloaded (each way),
         bytes_recomputed, recompute_ms, compute_wait_ms, peak_node, peak_phase, and
-        baseline_step_ms / baseline_peak_bytes (every block kept), budget_bytes; where the
-        profile timed the host, host_forward_ms, host_stall_ms and step_ms_with_host
-        (Note [The host's share]).
+        baseline_step_ms / baseline_peak_bytes (every block kept), budget_bytes: the
+        device's step (Note [The host's share]).
         peak_bytes, peak_node and baseline_peak_bytes are what the run holds (Note [What
         a kept block holds], _budget_graph.as_run_peak); graph_peak_bytes and
         graph_baseline_peak_bytes the planner's, which it fitted to the budget."""
@@ -358,27 +354,7 @@ class EagerBudgetPlan:
                    graph_baseline_peak_bytes=b["peak_bytes"])
         if self._as_run is not None:
             out.update(self._as_run)
-        out.update(self._host_share())
         return out
-
-    def _host_share(self) -> dict:
-        """Note [The host's share]: host_forward_ms, host_stall_ms, step_ms_with_host, or
-        {} where the profile has no host times."""
-        calls = self.profile.calls
-        if not calls or any(c.forward_host_ms is None for c in calls):
-            return {}
-        issued = done = device = 0.0
-        for call, choice in zip(calls, self.choices):
-            recorded = choice.saved != "recompute" and (choice.cheap != choice.saved
-                                                        or choice.linear != choice.saved)
-            host = (call.recorded_host_ms if recorded and call.recorded_host_ms is not None
-                    else call.forward_host_ms)
-            issued += host
-            device += call.forward_ms
-            done = max(done + call.forward_ms, issued)
-        stall = done - device
-        return dict(host_forward_ms=issued, host_stall_ms=stall,
-                    step_ms_with_host=self.result["forecast"]["step_ms"] + stall)
 
     @property
     def prefetch(self) -> int:
