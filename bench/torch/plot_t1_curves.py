@@ -50,7 +50,16 @@ def _from_log(path: str) -> list[tuple[str, float, float]]:
 
 
 def _dated(title: str, paths) -> str:
-    """title with the latest YYYY-MM-DD found in paths (bench/results/ names), if any."""
+    """title, the GPU of the JSON files among paths (t1.py's `device`: "H100", "H200",
+    both where they differ) and the latest YYYY-MM-DD in their names, if any."""
+    gpus = []
+    for p in paths:
+        if p.endswith(".json"):
+            for r in json.load(open(p)):
+                gpu = next((g for g in ("H100", "H200") if g in str(r.get("device", ""))), None)
+                if gpu and gpu not in gpus:
+                    gpus.append(gpu)
+    title = f"{title}, {' / '.join(gpus)}" if gpus else title
     dates = sorted(d for p in paths for d in re.findall(r"\d{4}-\d{2}-\d{2}", p))
     return f"{title} ({dates[-1]})" if dates else title
 
@@ -155,10 +164,10 @@ def main() -> int:
     for path in args.eager_peers:
         eager += [p for p in _relative(_from_json(path), "none")
                   if not p[0].startswith("spillway")]
-    _panel(left, eager, "none", _dated("T1 eager, H200", [args.eager, *args.eager_peers]),
+    _panel(left, eager, "none", _dated("T1 eager", [args.eager, *args.eager_peers]),
            "spillway-eager-budget", "upper right")
     compiled_files = [*args.compiled_peers, *args.compiled, args.compiled_log or ""]
-    _panel(right, compiled, "compiled", _dated("T1 torch.compile, H200", compiled_files),
+    _panel(right, compiled, "compiled", _dated("T1 torch.compile", compiled_files),
            "spillway-compiled", "upper center", set(args.superseded))
     fig.tight_layout()
     fig.savefig(args.out)
