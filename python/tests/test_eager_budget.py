@@ -1143,6 +1143,7 @@ def test_cuda_parts_by_position_peak_as_under_the_recorder_bit_exactly(linear_re
                                       ("keep", "offload")]}
     with deterministic_cuda():
         ctx, step, reference, _ = _cuda_planned_llama()
+        monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", False)  # the reference
         recorded = _cuda_peaks_under(ctx, step, reference, policies)
         monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
         ctx._save_parts.clear()

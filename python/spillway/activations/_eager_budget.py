@@ -1028,16 +1028,15 @@ class BudgetedOffload(eager.OffloadActivations):
                 node = scope.node_for(t)
                 cheap[key] = cheap.get(key, True) and node is not None
                 if node is not None:
-                    scope.pack_extras(node)  # counted: what a rebuild of C_k holds
                     ops.update((id(n.made), n.made) for n in nodes_of(node))
                     roots.setdefault(key, node)
                     scope.note_packed(t, t.detach(), cheap=True)  # never t: see _recipes._Arg
                 else:
                     node = scope.node_for(t, linear=True) if _LINEAR_RECIPES else None
-                    if node is not None:
-                        scope.pack_extras(node)
                     linear[key] = node if linear.get(key, node) is not None else None
                     scope.note_packed(t, t.detach())
+                if node is not None:
+                    scope.pack_extras(node)  # counted (`extra`): what a rebuild would hold
             return outer_pack(t)
 
         host = time.perf_counter()

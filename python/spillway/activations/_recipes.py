@@ -64,7 +64,7 @@ Note [Parts by position]. A plan that keeps or offloads a block's cheap and
 linear parts apart, rebuilding neither, needs only to know which saves are
 which, not how they were made. A block call run under the Recorder learns
 that, save by save in order: each save's layout and the part the Recorder
-found (BudgetedOffload._learn). At its next call under the same policy the
+found (BudgetedOffload._pack_part notes it). At its next call under the same policy the
 same function on inputs of the same layouts saves the same tensors in the same
 order, and SaveParts hands the parts out by position, checking each save's
 layout against the learned one; at the first that differs it answers "the
