@@ -3,7 +3,7 @@
 forward per block and per saved tensor, on a model whose kernels take next to nothing.
 
     PYTHONPATH=python python3 bench/torch/eager_host_overhead.py [--device cpu|cuda]
-        [--layers 16] [--steps 20] [--json OUT]
+        [--layers 16] [--steps 20] [--dtype float32|bfloat16] [--json OUT]
 
 Why: on T1 an eager plan's forward is bound by that thread (v15, H100: in a profiled
 step the launch lead stays at zero through the forward and the compute stream idles 4-5
@@ -21,8 +21,9 @@ median of --steps after warm-up), each the same work but for the hooks:
 - offload: offload_activations(model) moving every saved tensor (min_bytes=0);
 - plan, <policy>: a memory_budget context whose every block call runs the policy:
   offload S_k with C_k and L_k kept apart (their blocks run under the Recorder), the
-  same with C_k and L_k rebuilt (recipes), the block checkpointed, and the first again
-  with their parts by position (Note [Parts by position], _recipes.py: no Recorder).
+  same with C_k and L_k rebuilt (recipes), the block checkpointed, and the first two
+  again by position (Notes [Parts by position] and [Recipes by position], _recipes.py:
+  no Recorder).
 
 Printed: host ms per forward, the difference to `none` per block call and per saved
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
@@ -80,6 +81,9 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the model's (T1's is bfloat16: its norms' float copies are "
+                             "then rebuilt from the bf16 hidden state, an extra input)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -95,6 +99,7 @@ def main() -> int:
             torch.cuda.synchronize()
 
     model, ids = _model(args.device, args.layers)
+    model = model.to(getattr(torch, args.dtype))
     warm = max(3, args.steps // 4)
     rows = []
 
@@ -110,15 +115,18 @@ def main() -> int:
     keep_apart = dict(checkpoint=False, offload_saved=True, offload_input=False, lag=0,
                       cheap="keep", linear="keep")
     rebuild = dict(keep_apart, cheap="recompute", linear="recompute")
-    ways = [  # (name, the policy of every block call, Note [Parts by position])
-        ("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart, False),
-        ("plan, offload S_k, rebuild C_k and L_k", rebuild, False),
+    ways = [  # (name, the policy of every block call, Notes [Parts by position] and
+        # [Recipes by position])
+        ("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart, False, False),
+        ("plan, offload S_k, rebuild C_k and L_k (recorded)", rebuild, False, False),
         ("plan, checkpoint", dict(checkpoint=True, offload_saved=False, offload_input=False),
-         False),
-        ("plan, offload S_k, keep C_k and L_k (by position)", keep_apart, True),
+         False, False),
+        ("plan, offload S_k, keep C_k and L_k (by position)", keep_apart, True, False),
+        ("plan, offload S_k, rebuild C_k and L_k (by position)", rebuild, True, True),
     ]
-    for name, policy, by_position in ways:
-        _eager_budget._PARTS_BY_POSITION = by_position
+    for name, policy, parts_by_position, recipes_by_position in ways:
+        _eager_budget._PARTS_BY_POSITION = parts_by_position
+        _eager_budget._RECIPES_BY_POSITION = recipes_by_position
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan
@@ -126,7 +134,7 @@ def main() -> int:
         measure(name, ctx)
 
     none = rows[0]["forward_host_ms"]
-    print(f"# eager hooks on the host: {args.layers} layers, {args.device}, "
+    print(f"# eager hooks on the host: {args.layers} layers, {args.device}, {args.dtype}, "
           f"torch {torch.__version__}, median of {args.steps} forwards\n")
     print("| way | forward host ms | over none, per block us | saved tensors seen | "
           "over none, per tensor us |")
@@ -140,7 +148,8 @@ def main() -> int:
               f"{r['tensors_seen'] or '-'} | {per_tensor} |")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(dict(device=args.device, layers=args.layers, torch=torch.__version__,
+            json.dump(dict(device=args.device, layers=args.layers, dtype=args.dtype,
+                           torch=torch.__version__,
                            rows=rows), f, indent=1)
     return 0
 

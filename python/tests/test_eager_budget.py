@@ -801,8 +801,8 @@ def test_a_call_departing_from_its_learned_saves_is_recorded_again(no_leaks, lin
     calls = len(ctx._policies)
     assert ctx.stats()["parts_by_position"] == 0 and sorted(ctx._save_parts) == list(range(calls))
     table = ctx._save_parts[1][1]
-    layout, part = table[3]
-    table[3] = ((*layout[:2], (99,), *layout[3:]), part)  # another shape
+    layout, maker, part, template = table[3]
+    table[3] = ((*layout[:2], (99,), *layout[3:]), maker, part, template)  # another shape
     _steps_under(work, ctx, 1, "offload", cheap="keep", linear="keep")
     stats = ctx.stats()
     assert stats["parts_departed"] == 1 and 1 not in ctx._save_parts
@@ -810,6 +810,174 @@ def test_a_call_departing_from_its_learned_saves_is_recorded_again(no_leaks, lin
                                                  for k in range(calls) if k != 1)
     _steps_under(work, ctx, 1, "offload", cheap="keep", linear="keep")  # call 1 learns again
     assert ctx.stats()["parts_departed"] == 1 and sorted(ctx._save_parts) == list(range(calls))
+
+
+_REBUILDS = [("keep", "recompute", None), ("offload", "recompute", None),
+             ("keep", "recompute", "recompute"), ("offload", "offload", "recompute"),
+             ("keep", "keep", "recompute")]
+
+
+@pytest.mark.parametrize("saved, cheap, linear", _REBUILDS)
+@pytest.mark.parametrize("name", ["llama", "llama-bf16", "gpt2-dropout"])
+def test_recipes_by_position_rebuild_what_the_recorder_would(name, saved, cheap, linear,
+                                                             no_leaks, linear_recipes,
+                                                             monkeypatch):
+    """Note [Recipes by position]: a call rebuilding its cheap or linear part binds its
+    recipes from the templates its last call under the Recorder learned: loss and
+    gradients bit-equal on every step, the same tensors rebuilt, the same bytes moved
+    and the same extra inputs packed (bf16: each norm's bf16 input, caught by _Catcher)
+    as under the Recorder, every save matched."""
+    from spillway.activations import _eager_budget
+
+    if name == "gpt2-dropout" and cheap != "recompute":
+        pytest.skip("GPT-2 has no linear part: nothing would be rebuilt")
+    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
+            else WORKLOADS[name]())
+    extras = [0]
+    pack_extra = _eager_budget.BudgetedOffload._pack_extra
+
+    def counting(ctx, t):
+        extras[0] += 1
+        return pack_extra(ctx, t)
+
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack_extra", counting)
+    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+    parts = dict(cheap=cheap) if linear is None else dict(cheap=cheap, linear=linear)
+    done = {}
+    for by_position in (False, True):
+        monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", by_position)
+        ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+        _steps_under(work, ctx, 1, saved, **parts)  # learns (by position), or not
+        before, extras[0] = ctx.stats(), 0
+        done[by_position] = (*_steps_under(work, ctx, 2, saved, **parts), extras[0])
+        stats = ctx.stats()
+        bound = stats["recipes_by_position"] - before["recipes_by_position"]
+        assert (bound > 0) == by_position, bound
+        assert bound in (0, done[by_position][1])  # every recipe bound, by position
+        assert stats["parts_departed"] == 0
+    assert done[True] == done[False] and done[True][1] > 0, done
+    if name == "llama-bf16" and cheap == "recompute":
+        assert done[True][3] > 0  # the norms' bf16 inputs, held for their float copies
+
+
+class _SwitchBlock(torch.nn.Module):
+    """Saves sin(f) and cos(f) (by their squares) and s, the sigmoid of one of them
+    (`pick`), by its square: s is a cheap recipe (sigmoid of a packed input) whose input
+    changes with `pick` while every save keeps its layout and its maker. In bf16 the
+    float copy f of h is one too, holding h (not saved, smaller: an extra input); with
+    `mutate`, h is written in place after f was made."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.lin = torch.nn.Linear(D, D, dtype=dtype)
+        self.pick, self.mutate = "sin", False
+
+    def forward(self, x):
+        h = self.lin(x)
+        f = h.float()  # bf16: made from h, smaller than f (an extra input)
+        if self.mutate:
+            h.mul_(2)
+        u, v = torch.sin(f), torch.cos(f)
+        s = torch.sigmoid(u if self.pick == "sin" else v)
+        return x + 0.1 * torch.tanh(u * u + v * v + s * s + f * f).to(x.dtype)
+
+
+class _SwitchModel(torch.nn.Module):
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(11)
+            self.blocks = torch.nn.ModuleList(_SwitchBlock(dtype) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _switch_work(dtype=torch.float32):
+    return _Toy(_SwitchModel(dtype), _input(12, 64).to(dtype).requires_grad_())
+
+
+def test_a_recipe_whose_history_departs_is_saved_as_the_rest(no_leaks, monkeypatch):
+    """A save whose layout and maker are the learned ones but whose autograd history does
+    not reach the learned recipe's input (sigmoid of cos, learned as sigmoid of sin) is
+    saved as the rest, the call departs (counted) and is recorded again at its next call:
+    bit-exact throughout. Without the check the recipe would rebuild sigmoid(sin): the
+    gradients differ (the check is what keeps them right)."""
+    from spillway.activations import _eager_budget, _recipes
+
+    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
+    work = _switch_work()
+    blocks = work.model.blocks
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    _steps_under(work, ctx, 1, "keep", cheap="recompute")  # learns
+    calls = len(blocks)
+    assert sorted(ctx._save_parts) == list(range(calls))
+    assert all(ctx._save_parts[k][1] is not None for k in range(calls))
+    _steps_under(work, ctx, 1, "keep", cheap="recompute")
+    before = ctx.stats()
+    assert before["recipes_by_position"] > 0 and before["parts_departed"] == 0
+    for block in blocks:
+        block.pick = "cos"
+    _steps_under(work, ctx, 1, "keep", cheap="recompute")
+    stats = ctx.stats()
+    assert stats["parts_departed"] == calls and not ctx._save_parts
+    _steps_under(work, ctx, 2, "keep", cheap="recompute")  # learns sigmoid(cos), binds it
+    assert ctx.stats()["recipes_by_position"] > stats["recipes_by_position"]
+    assert ctx.stats()["parts_departed"] == calls
+    for block in blocks:
+        block.pick = "sin"
+    monkeypatch.setattr(_recipes.SaveParts, "_reaches", lambda self, template, fn: True)
+    with pytest.raises(AssertionError, match="gradient"):
+        _steps_under(work, ctx, 1, "keep", cheap="recompute")
+
+
+def test_an_extra_input_written_after_it_was_caught_is_not_rebuilt_from(no_leaks,
+                                                                        monkeypatch):
+    """A recipe's extra input (h, the bf16 tensor a float copy is made from) written in
+    place after the copy was made: by position the call departs at that save, which goes
+    as the rest (the Recorder would not have made it a recipe); bit-exact."""
+    from spillway.activations import _eager_budget
+
+    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
+    work = _switch_work(torch.bfloat16)
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    extras = [0]
+    pack_extra = _eager_budget.BudgetedOffload._pack_extra
+
+    def counting(ctx, t):
+        extras[0] += 1
+        return pack_extra(ctx, t)
+
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack_extra", counting)
+    _steps_under(work, ctx, 2, "keep", cheap="recompute")  # learns, binds
+    assert extras[0] > 0 and ctx.stats()["recipes_by_position"] > 0
+    for block in work.model.blocks:
+        block.mutate = True
+    _steps_under(work, ctx, 1, "keep", cheap="recompute")
+    assert ctx.stats()["parts_departed"] == len(work.model.blocks)
+
+
+def test_recipes_that_cannot_be_checked_keep_the_recorder(no_leaks, linear_recipes,
+                                                          monkeypatch):
+    """A recipe reading a frozen parameter (the norms' weights, requires_grad=False) has
+    no autograd edge to check it by: its call keeps running under the Recorder (learned
+    as such once), rebuilding bit-exactly."""
+    from spillway.activations import _eager_budget
+
+    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
+    work = WORKLOADS["llama"]()
+    for name, p in work.model.named_parameters():
+        if "norm" in name:
+            p.requires_grad_(False)
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    _, rebuilt, _ = _steps_under(work, ctx, 3, "keep", cheap="recompute")
+    assert rebuilt > 0 and ctx.stats()["recipes_by_position"] == 0
+    assert ctx._save_parts and all(table is None for _, table in ctx._save_parts.values())
 
 
 def test_nothing_is_recorded_under_autocast():
@@ -1059,8 +1227,10 @@ def _cuda_planned_llama():
     def step(ctx):
         return _cuda_step(work, ctx)
 
-    step(None)
+    control_loss, control_grads, _ = step(None)
     ref_loss, ref_grads, _ = step(None)
+    # The control: the plain step reproduces itself, or a mismatch below would mean nothing.
+    _assert_same(ref_loss, ref_grads, control_loss, control_grads, "reference")
     ctx = offload_activations(work.model, memory_budget=1.0)
     for k in range(3):
         loss, grads, kept_peak = step(ctx)
@@ -1130,26 +1300,33 @@ def test_cuda_linear_recipes_rebuild_the_projections_bit_exactly(linear_recipes)
 
 
 @needs_cuda
-def test_cuda_parts_by_position_peak_as_under_the_recorder_bit_exactly(linear_recipes,
-                                                                      monkeypatch):
-    """Note [Parts by position] on the GPU, bf16 Llama: every block call offloads S_k and
-    keeps or offloads C_k and L_k apart, its parts by position after a step under the
-    Recorder: bit-equal on every step, every save matched, and the peak of each policy
-    within 1 % of its peak under the Recorder."""
+def test_cuda_by_position_peak_as_under_the_recorder_bit_exactly(linear_recipes, monkeypatch):
+    """Notes [Parts by position] and [Recipes by position] on the GPU, bf16 Llama: every
+    block call offloads S_k and keeps, offloads or rebuilds C_k and L_k apart, by position
+    after a step under the Recorder: bit-equal on every step, every save matched, every
+    recipe bound, and the peak of each policy within 1 % of its peak under the Recorder."""
     from spillway.activations import _eager_budget
 
     policies = {(cheap, linear): dict(offload_saved=True, cheap=cheap, linear=linear)
                 for cheap, linear in [("keep", "keep"), ("offload", "keep"),
-                                      ("keep", "offload")]}
+                                      ("keep", "offload"), ("recompute", "keep"),
+                                      ("recompute", "recompute"), ("offload", "recompute")]}
     with deterministic_cuda():
         ctx, step, reference, _ = _cuda_planned_llama()
         monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", False)  # the reference
+        monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", False)
         recorded = _cuda_peaks_under(ctx, step, reference, policies)
         monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+        monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
         ctx._save_parts.clear()
+        before = ctx.stats()
         by_position = _cuda_peaks_under(ctx, step, reference, policies)
         stats = ctx.stats()
         assert stats["parts_by_position"] > 0 and stats["parts_departed"] == 0, stats
+        assert stats["recipes_by_position"] > 0, stats
+        # Of each policy's two steps the first learns, the second binds: half the rebuilds.
+        rebuilt = stats["tensors_recomputed"] - before["tensors_recomputed"]
+        assert 2 * (stats["recipes_by_position"] - before["recipes_by_position"]) == rebuilt
     for key, peak in by_position.items():
         assert abs(peak - recorded[key]) <= 0.01 * recorded[key], (key, peak, recorded[key])
 

@@ -132,6 +132,10 @@ _SEARCH_BOTH_ENDS = True
 # block launched in 2.0-2.8 ms against 4.2-10.4 under the Recorder, and the 24.6 GiB
 # plan took 1.012x the step without a plan.
 _PARTS_BY_POSITION = True
+# Note [Recipes by position] (_recipes.py): the same for a call that rebuilds its cheap or
+# linear part, its recipes bound from templates learned under the Recorder and checked
+# against each save's autograd history (with _PARTS_BY_POSITION).
+_RECIPES_BY_POSITION = True
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -551,7 +555,8 @@ class BudgetedOffload(eager.OffloadActivations):
         self._recipes: tuple[RecipeScope | SaveParts, _CallPolicy] | None = None
         self._packing_part: str | None = None
         self._recomputed = {"tensors_recomputed": 0, "bytes_recomputed": 0,
-                            "parts_by_position": 0, "parts_departed": 0}
+                            "parts_by_position": 0, "parts_departed": 0,
+                            "recipes_by_position": 0}
         # Note [Parts by position]: per block call, the policy and each save's layout and
         # part as its last run under the Recorder found them; the list being filled.
         self._save_parts: dict[int, tuple[_CallPolicy, list[tuple]]] = {}
@@ -786,31 +791,47 @@ class BudgetedOffload(eager.OffloadActivations):
         return self._params
 
     def _recorded_call(self, ordinal: int, policy: _CallPolicy, original, args, kwargs):
-        """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py)."""
-        by_position = _PARTS_BY_POSITION and "recompute" not in (policy.cheap, policy.linear)
+        """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py):
+        under the Recorder, or by position as its last call under it found them (Notes
+        [Parts by position], [Recipes by position])."""
+        rebuilds = "recompute" in (policy.cheap, policy.linear)
+        by_position = _PARTS_BY_POSITION and (_RECIPES_BY_POSITION or not rebuilds)
         learned = self._save_parts.get(ordinal)
         if by_position and learned is not None and learned[0] == policy:
-            self._recipes = (SaveParts(learned[1]), policy)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                parts, self._recipes = self._recipes[0], None
-                if parts.departed:
-                    del self._save_parts[ordinal]  # learned again at its next call
-                with self._lock:
-                    self._recomputed["parts_by_position"] += parts.at
-                    self._recomputed["parts_departed"] += parts.departed
+            if learned[1] is not None:
+                return self._call_by_position(ordinal, learned[1], policy, original, args,
+                                              kwargs)
+            by_position = False  # its recipes cannot be named by position: the Recorder
         recorder = Recorder(self._params_by_ptr())
-        self._recipes = (RecipeScope(recorder, pack_extra=self._pack_extra), policy)
+        self._recipes = (RecipeScope(recorder, pack_extra=self._pack_extra, learn=by_position),
+                         policy)
         self._learning = [] if by_position else None
         try:
             with recorder:
                 out = original(*args, **kwargs)
-            if self._learning is not None:
+            if by_position:  # None: a recipe could not be learned
                 self._save_parts[ordinal] = (policy, self._learning)
             return out
         finally:
             self._recipes = self._learning = None
+
+    def _call_by_position(self, ordinal: int, table: list, policy: _CallPolicy, original, args,
+                          kwargs):
+        parts = SaveParts(table, self._params_by_ptr(), self._pack_extra)
+        self._recipes = (parts, policy)
+        try:
+            if parts.catcher is None:
+                return original(*args, **kwargs)
+            with parts.catcher:  # the extra inputs its recipes hold
+                return original(*args, **kwargs)
+        finally:
+            self._recipes = None
+            if parts.departed:
+                del self._save_parts[ordinal]  # learned again at its next call
+            with self._lock:
+                self._recomputed["parts_by_position"] += parts.at
+                self._recomputed["parts_departed"] += parts.departed
+                self._recomputed["recipes_by_position"] += parts.bound
 
     def _pack(self, t):
         head = self._head_save(t)
@@ -820,9 +841,21 @@ class BudgetedOffload(eager.OffloadActivations):
         if recipes is None or self._in_backward():
             return super()._pack(t)
         scope, policy = recipes
-        if isinstance(scope, SaveParts):  # learned under this policy: its parts
-            return self._pack_part(t, scope.next(t))
+        if isinstance(scope, SaveParts):  # learned under this policy: its parts and recipes
+            part, template = scope.next(t)
+            if template is not None:
+                node = scope.bind(template, t)
+                if node is not None:
+                    packed = self._recipe(node, t, scope.results, scope.chain(node))
+                    scope.saved(t, packed)
+                    return packed
+                scope.depart()  # t and the call's later saves go as the rest
+                part = None
+            packed = self._pack_part(t, part)
+            scope.saved(t, packed)
+            return packed
         if isinstance(t, nn.Parameter):
+            self._learned(t, None)
             return self._pack_part(t, None)
         # Which part t is of: cheap (elementwise recipes), linear (Note [Linear recipes]:
         # asked only where the plan treats that part apart), or the rest.
@@ -835,24 +868,38 @@ class BudgetedOffload(eager.OffloadActivations):
                 part = "linear" if node is not None else None
         decision = policy.cheap if part == "cheap" else policy.linear if part == "linear" else None
         if node is not None and decision == "recompute":
+            template = None
+            if self._learning is not None:
+                template = scope.template(node, t, linear=part == "linear")
+                if template is None:  # this call keeps the Recorder
+                    self._learning, scope.learning = None, False
             scope.pack_extras(node)
-            with self._lock:
-                self._recomputed["tensors_recomputed"] += 1
-                self._recomputed["bytes_recomputed"] += t.untyped_storage().nbytes()
-            packed = Recipe(self, node, t, scope.results)
+            packed = self._recipe(node, t, scope.results)
             # A linear recipe reads the cheap set as packed; the rest of the cheap set reads a
             # rebuilt linear output as any packed input (its recipe unpacks it).
-            scope.note_packed(t, packed, cheap=part == "cheap")
+            scope.note_packed(t, packed, cheap=part == "cheap",
+                              position=self._learned(t, part, template))
             return packed
         packed = self._pack_part(t, part)
-        scope.note_packed(t, packed)
+        scope.note_packed(t, packed, position=self._learned(t, part))
         return packed
 
+    def _recipe(self, node, t, results, chain=None) -> Recipe:
+        with self._lock:
+            self._recomputed["tensors_recomputed"] += 1
+            self._recomputed["bytes_recomputed"] += t.untyped_storage().nbytes()
+        return Recipe(self, node, t, results, chain)
+
+    def _learned(self, t, part: str | None, template=None) -> int | None:
+        """Under the Recorder, learning (Note [Parts by position]): notes t, the call's next
+        save, and what the call did with it; its position."""
+        if self._learning is None:
+            return None
+        self._learning.append((save_layout(t), type(t.grad_fn), part, template))
+        return len(self._learning) - 1
+
     def _pack_part(self, t, part: str | None):
-        """t saved by the store as of `part` ("cheap", "linear"; None: the rest); under the
-        Recorder, the part noted for its call (Note [Parts by position])."""
-        if self._learning is not None:
-            self._learning.append((save_layout(t), part))
+        """t saved by the store as of `part` ("cheap", "linear"; None: the rest)."""
         self._packing_part = part
         try:
             return super()._pack(t)

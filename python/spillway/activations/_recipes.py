@@ -76,12 +76,43 @@ Llama on a 2-core CPU host a block costs +1.38 ms of host time over a plain
 forward by position against +2.60 ms under the Recorder (the eager store
 alone: +0.81 ms; bench/torch/eager_host_overhead.py).
 
+Note [Recipes by position]. A call that rebuilds its cheap or linear part
+ran under the Recorder at every call (v16, H100 machine's host: +6.1 ms of
+host time per T1 block, against 5.1 ms of its kernels: such plans were
+bound by the launching thread). Its recipes are the same at every call, so
+the call under the Recorder learns each one as a template
+(RecipeScope.template): its nodes with their inputs named, not held — an
+earlier save of the call by position (_SaveRef), a parameter by data
+pointer (_ParamRef), an extra input by the call of the function that took
+it (_ExtraRef: the ordinal-th call of T.to, argument 0) — and, per input,
+the path through the saved tensor's autograd history that reaches it:
+(edge index, node type) per step from t.grad_fn to that save's grad_fn and
+output number, the extra's, or the parameter's AccumulateGrad. At later
+calls under the same policy, SaveParts binds each template to the call's
+own tensors (packed objects by position, the extra inputs that a narrow
+TorchFunctionMode, _Catcher, caught, acting on those functions only) after
+checking every path on this call's t. Layouts alone would not do: a wrong
+part costs memory, a wrong recipe costs wrong gradients (a block that takes
+sigmoid of sin(x) or of cos(x), both saved, by a flag has the same saves in
+the same layouts either way; the test with it fails without the check).
+Where a check fails, or an extra input was not caught as learned or was
+written since, t goes as the rest, the call departs (its remaining saves
+go as the rest) and its next call learns again. A recipe whose input has no
+autograd history to check it by (a frozen parameter, a tensor that does not
+require grad) is not learned: its call keeps the Recorder. The values
+rebuilt are those the Recorder's recipes rebuild: the same functions on
+the same inputs. On a tiny T1-shaped bf16 Llama on the 2-core CPU host, a
+block rebuilding C_k and L_k costs +2.2-2.4 ms of host time by position,
+against +3.1-3.6 ms under the Recorder (bench/torch/eager_host_overhead.py
+--dtype bfloat16).
+
 Thread-safety: a Recorder and its RecipeScope belong to one block call on
 one thread; a Recipe is unpacked by autograd on its thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import torch
@@ -111,6 +142,7 @@ _ELEMENTWISE = frozenset({
 })
 # The functions a linear recipe may run again besides (Note [Linear recipes]).
 _LINEAR = frozenset({F.linear})
+_RECORDED = _ELEMENTWISE | _LINEAR
 # Nested recipes deeper than this are not followed (a guard; a Llama norm is 3 deep).
 _MAX_DEPTH = 8
 
@@ -149,25 +181,309 @@ def save_layout(t: torch.Tensor) -> tuple:
 
 
 class SaveParts:
-    """One block call's saves' parts ("cheap", "linear", None: the rest) by position, as
-    its last call under the Recorder found them (Note [Parts by position])."""
+    """One block call's saves by position, as its last call under the Recorder found them
+    (Note [Parts by position]): each save's part ("cheap", "linear", None: the rest) and,
+    where that call rebuilt it, its recipe's template (Note [Recipes by position]).
 
-    __slots__ = ("table", "at", "departed")
+    table: per save in order, (save_layout, its grad_fn's type, part, _Template or None).
+    params: the model's parameters and buffers by data pointer (a template's _ParamRef);
+    pack_extra: as RecipeScope's. One block call on one thread.
+    """
 
-    def __init__(self, table: list[tuple]):
-        self.table = table  # (save_layout, part) per save, in order
+    __slots__ = ("table", "at", "departed", "params", "pack_extra", "results", "bound",
+                 "packed", "targets", "needed", "catcher", "extras_packed", "slots",
+                 "nodes", "checked", "chains")
+
+    def __init__(self, table: list[tuple], params: dict | None = None, pack_extra=None):
+        self.table = table
         self.at = 0  # saves matched so far
         self.departed = False
+        self.params = params
+        self.pack_extra = pack_extra
+        self.results = _Results()  # as RecipeScope.results
+        self.bound = 0  # recipes bound so far
+        templates = [entry[3] for entry in table if entry[3] is not None]
+        # The positions a template reads or checks: their packed objects and grad_fns.
+        self.needed = frozenset(ref.position for tp in templates for ref in tp.reads
+                                if isinstance(ref, _SaveRef))
+        self.packed: dict[int, object] = {}
+        self.targets: dict[int, tuple] = {}
+        self.extras_packed: dict[int, object] = {}
+        self.slots: dict[int, _Slot] = {}  # a template node's slot -> this call's key
+        self.nodes: dict[int, _Node] = {}  # a template node (id) -> bound in this call
+        self.checked: dict[tuple, object] = {}  # (template, grad_fn, output_nr) that passed
+        self.chains: dict[int, list] = {}  # a bound root (id, in nodes) -> its chain
+        wanted: dict = {}
+        for tp in templates:
+            for ref in tp.reads:
+                if isinstance(ref, _ExtraRef):
+                    spec = ref.spec
+                    at = wanted.setdefault(spec.func, {}).setdefault(spec.ordinal, [])
+                    if ref not in at:
+                        at.append(ref)
+        self.catcher = _Catcher(wanted) if wanted else None
 
-    def next(self, t: torch.Tensor) -> str | None:
-        """The part of the call's next save, t; None (the rest) once a save departs."""
+    def next(self, t: torch.Tensor) -> tuple[str | None, "_Template | None"]:
+        """The part of the call's next save, t, and its template; (None, None) (the rest)
+        once a save departs."""
         if not self.departed and self.at < len(self.table):
-            layout, part = self.table[self.at]
-            if layout == save_layout(t):
+            layout, maker, part, template = self.table[self.at]
+            if type(t.grad_fn) is maker and layout == save_layout(t):
                 self.at += 1
-                return part
+                return part, template
         self.departed = True
-        return None
+        return None, None
+
+    def depart(self) -> None:
+        """The call's remaining saves go as the rest (a template's check failed)."""
+        self.departed = True
+
+    def saved(self, t: torch.Tensor, packed) -> None:
+        """The save next() matched last was packed to `packed`."""
+        position = self.at - 1
+        if position in self.needed and not self.departed:
+            self.packed[position] = packed
+            self.targets[position] = (t.grad_fn, t.output_nr)
+
+    def bind(self, template: "_Template", t: torch.Tensor) -> _Node | None:
+        """The recipe rebuilding t, this call's tensors in the template's places; None
+        where t's autograd history does not reach them as the learned call's did."""
+        fn = t.grad_fn
+        checked = (id(template), id(fn), t.output_nr)
+        if checked not in self.checked:  # (q, k and v save one tensor: checked once)
+            if not self._reaches(template, fn):
+                return None
+            self.checked[checked] = fn  # held: its id names it while the call lasts
+        try:
+            root = self._node(template.root, self.nodes)
+        except _Unbound:
+            return None
+        self.bound += 1
+        return root
+
+    def chain(self, root: _Node) -> list:
+        """Recipe.chain for a recipe of this call rebuilding with `root` (once a root)."""
+        chain = self.chains.get(id(root))
+        if chain is None:
+            chain = self.chains[id(root)] = chain_of(root, self.results)
+        return chain
+
+    def _reaches(self, template: "_Template", fn) -> bool:
+        """t's autograd history (from fn) reaches the template's inputs by its paths."""
+        for ref, path in template.checks:
+            node, nr = fn, 0
+            for index, kind in path:
+                edges = node.next_functions
+                if index >= len(edges):
+                    return False
+                node, nr = edges[index]
+                if type(node) is not kind:
+                    return False
+            if not self._is(ref, node, nr):
+                return False
+        return True
+
+    def _is(self, ref, node, nr: int) -> bool:
+        if isinstance(ref, _SaveRef):
+            target = self.targets.get(ref.position)
+        elif isinstance(ref, _ExtraRef):
+            caught = self.catcher.caught.get(ref) if self.catcher is not None else None
+            target = caught[2:] if caught is not None else None
+        else:
+            tensor = getattr(node, "variable", None)
+            return (tensor is not None and self.params is not None
+                    and tensor.untyped_storage().data_ptr() == ref.ptr)
+        return target is not None and target[0] is node and target[1] == nr
+
+    def _node(self, tn: "_TNode", memo: dict) -> _Node:
+        node = memo.get(id(tn))
+        if node is None:
+            slot = self.slots.get(tn.slot)
+            if slot is None:
+                slot = self.slots[tn.slot] = _Slot(tn.linear)
+            node = memo[id(tn)] = _Node(
+                tn.func, tuple(self._leaf(a, memo) for a in tn.args),
+                {k: self._leaf(v, memo) for k, v in tn.kwargs.items()}, tn.layout, slot)
+        return node
+
+    def _leaf(self, a, memo: dict):
+        if isinstance(a, _SaveRef):
+            return _input(self.packed[a.position])
+        if isinstance(a, _ExtraRef):
+            return _input(self._extra(a))
+        if isinstance(a, _ParamRef):
+            p = self.params.get(a.ptr) if self.params is not None else None
+            if p is None:
+                raise _Unbound
+            return _Param(p, a.layout, p._version)
+        if isinstance(a, _TView):
+            return _View(self._node(a.node, memo), a.layout)
+        return a
+
+    def _extra(self, ref: "_ExtraRef"):
+        """The extra input `ref` as this call packed it (packed at its first recipe, as
+        RecipeScope.pack_extras does), caught by the call's _Catcher."""
+        packed = self.extras_packed.get(ref.spec.index)
+        if packed is None:
+            caught = self.catcher.caught.get(ref) if self.catcher is not None else None
+            if caught is None or caught[0]._version != caught[1] or self.pack_extra is None:
+                raise _Unbound  # not made as learned, or written since
+            packed = self.extras_packed[ref.spec.index] = self.pack_extra(caught[0])
+        return packed
+
+
+class _Unbound(Exception):
+    """A template's input is not in this call (SaveParts.bind answers None)."""
+
+
+class _Slot:
+    """A bound node's `made`: the key its rebuilt value is shared under in the call's
+    _Results (as a recorded node's storage), and whether F.linear makes it."""
+
+    __slots__ = ("storage", "linear")
+
+    def __init__(self, linear: bool):
+        self.storage = object()
+        self.linear = linear
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _SaveRef:
+    """A template's input: the call's save at `position` (its packed object)."""
+    position: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExtraSpec:
+    """Where an extra input is caught: argument `key` of the `ordinal`-th call of `func`
+    in the block call, of layout `layout`; `index`: the call's extra number."""
+    func: object
+    ordinal: int
+    key: object
+    layout: tuple
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ExtraRef:
+    """A template's input that the block does not save (RecipeScope's _Extra)."""
+    spec: _ExtraSpec
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ParamRef:
+    """A template's parameter (or buffer) input: the model's tensor at data pointer
+    `ptr`, read through `layout`."""
+    ptr: int
+    layout: tuple
+
+
+class _TNode:
+    """A recipe node with its inputs as references (_SaveRef, _ExtraRef, _ParamRef,
+    _TView); slot: the learned call's storage it rebuilds, numbered (shared values)."""
+
+    __slots__ = ("func", "args", "kwargs", "layout", "slot", "linear")
+
+    def __init__(self, func, args, kwargs, layout, slot: int, linear: bool):
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.layout = layout
+        self.slot = slot
+        self.linear = linear
+
+
+class _TView:
+    __slots__ = ("node", "layout")
+
+    def __init__(self, node: _TNode, layout: tuple):
+        self.node = node
+        self.layout = layout
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Template:
+    """How a save was rebuilt (Note [Recipes by position]): the root node; `reads`, the
+    references it reads; `checks`, per reference, the path through the saved tensor's
+    autograd history to it, (edge index, node type) per step."""
+    root: _TNode
+    reads: tuple
+    checks: tuple
+
+
+class _Catcher(TorchFunctionMode):
+    """Catches a block call's extra inputs (Note [Recipes by position]): counts the calls
+    of the functions that took them, as the Recorder counted, and at the learned call
+    notes the argument (tensor, version, grad_fn, output_nr) where its layout is the
+    learned one. Acts on nothing else."""
+
+    def __init__(self, wanted: dict):
+        super().__init__()
+        self.wanted = wanted  # func -> ordinal -> [_ExtraRef]
+        self.calls: dict = {}
+        self.caught: dict = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            at = self.wanted.get(func)
+        except TypeError:
+            at = None
+        if at is not None:
+            n = self.calls.get(func, 0)
+            self.calls[func] = n + 1
+            for ref in at.get(n, ()):
+                key = ref.spec.key
+                a = (args[key] if key < len(args) else None) if isinstance(key, int) else (
+                    kwargs.get(key))
+                if (isinstance(a, torch.Tensor) and _plain_tensor(a)
+                        and _layout(a) == ref.spec.layout):
+                    self.caught[ref] = (a, a._version, a.grad_fn, a.output_nr)
+        return func(*args, **kwargs)
+
+
+def _interned(leaf):
+    """What tells a template node's input apart (RecipeScope._template_node)."""
+    if isinstance(leaf, (_SaveRef, _ExtraRef, _TNode)):
+        return id(leaf)
+    if isinstance(leaf, _TView):
+        return ("view", id(leaf.node), leaf.layout)
+    if isinstance(leaf, _ParamRef):
+        return ("param", leaf.ptr, leaf.layout)
+    return (type(leaf), repr(leaf))
+
+
+def _input(packed, share_handles: bool = True) -> "_Packed":
+    """A recipe's leaf for an input the block packed: for a recipe that will be packed,
+    its own share of an offloaded entry (_Handle.sibling); the profiling step only
+    classifies (share_handles=False)."""
+    if share_handles and isinstance(packed, _Handle):
+        packed = packed.sibling()
+    return _Packed(packed)
+
+
+def _path_to(root, targets: dict, depth: int = 16) -> dict:
+    """Per target, the first path found breadth-first from autograd node `root` to it:
+    (edge index, node type) per step. targets: key -> match(node, input_nr)."""
+    found: dict = {}
+    frontier, seen = [(root, ())], {id(root)}
+    for _ in range(depth):
+        following = []
+        for node, path in frontier:
+            for index, (nxt, nr) in enumerate(node.next_functions):
+                if nxt is None:
+                    continue
+                step = (*path, (index, type(nxt)))
+                for key, match in targets.items():
+                    if key not in found and match(nxt, nr):
+                        found[key] = step
+                if id(nxt) not in seen:
+                    seen.add(id(nxt))
+                    following.append((nxt, step))
+        if len(found) == len(targets) or not following:
+            break
+        frontier = following
+    return found
 
 
 class _Arg:
@@ -195,10 +511,12 @@ class _Made:
     by F.linear (Note [Linear recipes])."""
 
     __slots__ = ("func", "args", "kwargs", "storage", "nbytes", "layout", "version", "traffic",
-                 "linear")
+                 "linear", "ordinal")
 
-    def __init__(self, func, args, kwargs, out: torch.Tensor, storage, traffic: int):
+    def __init__(self, func, args, kwargs, out: torch.Tensor, storage, traffic: int,
+                 ordinal: int):
         self.linear = func in _LINEAR
+        self.ordinal = ordinal  # calls of func before this one in the block call (_Catcher)
         self.func = func
         self.args = args
         self.kwargs = kwargs
@@ -226,6 +544,7 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.made: dict[StorageWeakRef, _Made] = {}  # storage -> its latest maker
         self.params = params
+        self.calls: dict = {}  # func -> its calls so far (_counted; _Catcher counts alike)
 
     def _arg(self, t: torch.Tensor) -> _Arg:
         storage = storage_key(t)
@@ -234,7 +553,8 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not recomputable_op(func, args, kwargs, linear=True):
+        ordinal = _counted(self.calls, func)
+        if ordinal is None or not recomputable_op(func, args, kwargs, linear=True):
             return func(*args, **kwargs)
         tensors = []
         for value in (*args, *kwargs.values()):
@@ -260,8 +580,22 @@ class Recorder(TorchFunctionMode):
                            for k, v in kwargs.items()}
         traffic = out.numel() * out.element_size() + sum(
             t.numel() * t.element_size() for t in tensors)
-        self.made[storage] = _Made(func, recorded_args, recorded_kwargs, out, storage, traffic)
+        self.made[storage] = _Made(func, recorded_args, recorded_kwargs, out, storage, traffic,
+                                   ordinal)
         return out
+
+
+def _counted(calls: dict, func) -> int | None:
+    """func's calls before this one, counted in `calls`; None (not counted) for a function
+    no recipe runs (_ELEMENTWISE, _LINEAR)."""
+    try:
+        if func not in _RECORDED:
+            return None
+    except TypeError:  # unhashable callable
+        return None
+    n = calls.get(func, 0)
+    calls[func] = n + 1
+    return n
 
 
 class _Node:
@@ -343,17 +677,12 @@ class Recipe:
     __slots__ = ("owner", "node", "results", "chain", "layout", "witness", "version",
                  "__weakref__")
 
-    def __init__(self, owner, node: _Node, t: torch.Tensor, results: "_Results"):
+    def __init__(self, owner, node: _Node, t: torch.Tensor, results: "_Results",
+                 chain: list | None = None):
         self.owner = owner  # the OffloadActivations that packed it (it unpacks it)
         self.node = node
         self.results = results  # RecipeScope.results of its block call
-        chain: dict = {}
-        for n in nodes_of(node):
-            chain[n.made.storage] = None
-            for leaf in (*n.args, *n.kwargs.values()):
-                if isinstance(leaf, _Packed) and _shares(leaf.packed, results):
-                    chain.update(dict.fromkeys(leaf.packed.chain))
-        self.chain = list(chain)
+        self.chain = chain_of(node, results) if chain is None else chain
         results.add_uses(self.chain)
         self.layout = _layout(t)
         self.witness = version_witness(t)
@@ -371,6 +700,17 @@ class Recipe:
         dtype, size, _, _ = self.layout
         check_version(dtype, self.witness.device, size, self.version, self.witness._version)
         return _as_layout(_evaluate(self.node, unpack_packed, memo, self.results), self.layout)
+
+
+def chain_of(node: _Node, results: "_Results") -> list:
+    """Recipe.chain of a recipe rebuilding with `node` (see there)."""
+    chain: dict = {}
+    for n in nodes_of(node):
+        chain[n.made.storage] = None
+        for leaf in (*n.args, *n.kwargs.values()):
+            if isinstance(leaf, _Packed) and _shares(leaf.packed, results):
+                chain.update(dict.fromkeys(leaf.packed.chain))
+    return list(chain)
 
 
 def _shares(packed, results) -> bool:
@@ -449,7 +789,8 @@ class _Results:
 class RecipeScope:
     """The recipes of one block call (point 2): what it packed, what can be rebuilt."""
 
-    def __init__(self, recorder: Recorder, share_handles: bool = True, pack_extra=None):
+    def __init__(self, recorder: Recorder, share_handles: bool = True, pack_extra=None,
+                 learn: bool = False):
         self.recorder = recorder
         self.share_handles = share_handles  # False: classify only (the profiling step)
         # pack_extra(t) -> packed object: saves an input a recipe holds that the block does
@@ -466,6 +807,17 @@ class RecipeScope:
         # rebuilt for q_proj's backward is read again by k_proj's and v_proj's, the float
         # copy by the norm's multiply and its square.
         self.results = _Results()
+        # Note [Recipes by position]: with `learn`, what template() needs: per key of
+        # packed and cheap_packed, the reference it stands for (the save's position, or an
+        # extra input); per position, the saved tensor's (grad_fn, output_nr); the extra
+        # inputs by key; the recorded storages numbered (a template node's slot).
+        self.learning = learn
+        self.refs: dict[tuple, object] = {}
+        self.cheap_refs: dict[tuple, object] = {}
+        self.targets: dict[int, tuple] = {}
+        self.extra_refs: dict[tuple, _ExtraRef] = {}
+        self.slots: dict = {}
+        self.tnodes: dict[tuple, _TNode] = {}
 
     def release(self) -> None:
         """Lets go of every tensor the scope holds (a scope only used to classify)."""
@@ -474,13 +826,93 @@ class RecipeScope:
         self.results = _Results()
         self.recorder.made.clear()
 
-    def note_packed(self, t: torch.Tensor, packed, cheap: bool = False) -> None:
+    def note_packed(self, t: torch.Tensor, packed, cheap: bool = False,
+                    position: int | None = None) -> None:
         """t was packed to `packed`; cheap: t is of the cheap set (read by linear recipes
-        only, Note [Linear recipes])."""
+        only, Note [Linear recipes]); position: t is the block call's save at this
+        position (learning: Note [Recipes by position])."""
         storage = storage_key(t)
         if storage is not None:
-            (self.cheap_packed if cheap else self.packed)[(storage, _layout(t))] = (
-                packed, t._version)
+            key = (storage, _layout(t))
+            (self.cheap_packed if cheap else self.packed)[key] = (packed, t._version)
+            if self.learning:
+                ref = _SaveRef(position) if position is not None else None
+                (self.cheap_refs if cheap else self.refs)[key] = ref
+                if ref is not None and t.grad_fn is not None:
+                    self.targets[position] = (t.grad_fn, t.output_nr)
+
+    def template(self, root: _Node, t: torch.Tensor, linear: bool) -> _Template | None:
+        """Note [Recipes by position]: node_for(t, linear)'s recipe `root` with its inputs
+        as references, and the paths through t's autograd history that a later call's t
+        must reach them by; None where an input cannot be named or reached so (the call
+        keeps the Recorder). Call it before pack_extras(root)."""
+        if not self.learning or t.grad_fn is None:
+            return None
+        reads: dict[int, object] = {}  # id -> reference, each once
+        try:
+            troot = self._template_node(root, linear, {}, reads)
+        except _Unbound:
+            return None
+        targets = {}
+        for ref in reads.values():
+            if isinstance(ref, _ParamRef):
+                targets[ref] = (lambda ptr: lambda node, nr: (
+                    getattr(node, "variable", None) is not None
+                    and node.variable.untyped_storage().data_ptr() == ptr))(ref.ptr)
+                continue
+            target = self.targets.get(ref.position if isinstance(ref, _SaveRef) else ref)
+            if target is None or target[0] is None:
+                return None  # no autograd history to check it by
+            targets[ref] = (lambda fn, n: lambda node, nr: node is fn and nr == n)(*target)
+        paths = _path_to(t.grad_fn, targets)
+        if len(paths) < len(targets):
+            return None
+        return _Template(troot, tuple(reads.values()),
+                         tuple((ref, paths[ref]) for ref in reads.values()))
+
+    def _template_node(self, node: _Node, linear: bool, memo: dict, reads: dict) -> _TNode:
+        tn = memo.get(id(node))
+        if tn is not None:
+            return tn
+        made = node.made
+
+        def ref(key, leaf):
+            a = made.args[key] if isinstance(key, int) else made.kwargs[key]
+            if isinstance(leaf, _Packed):  # as _leaf found it: packed first, then cheap
+                k = (a.storage, a.layout)
+                r = self.refs.get(k) if k in self.packed else self.cheap_refs.get(k)
+            elif isinstance(leaf, _Param):
+                r = _ParamRef(leaf.tensor.untyped_storage().data_ptr(), leaf.layout)
+            elif isinstance(leaf, _View):
+                return _TView(self._template_node(leaf.node, linear, memo, reads), leaf.layout)
+            elif isinstance(leaf, _Extra):
+                k = (a.storage, a.layout)
+                r = self.extra_refs.get(k)
+                if r is None:
+                    spec = _ExtraSpec(made.func, made.ordinal, key, a.layout,
+                                      len(self.extra_refs))
+                    r = self.extra_refs[k] = _ExtraRef(spec)
+                    self.targets[r] = (leaf.tensor.grad_fn, leaf.tensor.output_nr)
+            else:
+                return leaf
+            if r is None:
+                raise _Unbound  # packed outside the call's saves
+            reads.setdefault(id(r), r)
+            return r
+
+        args = tuple(ref(i, a) for i, a in enumerate(node.args))
+        kwargs = {k: ref(k, v) for k, v in node.kwargs.items()}
+        slot = self.slots.setdefault(made.storage, len(self.slots))
+        # One node for one op on the same inputs across the call's recipes (q, k and v's
+        # normalised input): a later call binds it once (SaveParts.nodes).
+        key = (slot, node.func, node.layout, tuple(map(_interned, args)),
+               tuple((k, _interned(v)) for k, v in kwargs.items()))
+        tn = self.tnodes.get(key)
+        if tn is None:
+            tn = self.tnodes[key] = _TNode(node.func, args, kwargs, node.layout, slot,
+                                           made.linear)
+        memo[id(node)] = tn
+        return tn
 
     def node_for(self, t: torch.Tensor, linear: bool = False) -> _Node | None:
         """The recipe that rebuilds t's storage, or None (t is then saved as usual).
@@ -510,6 +942,8 @@ class RecipeScope:
                 known = self.packed.get(key)
                 if known is None or known[1] != leaf.version:
                     self.note_packed(t, self.pack_extra(t))
+                    if self.learning:  # what template() named it
+                        self.refs[key] = self.extra_refs.get(key)
                     known = self.packed[key]
                 return self._input(known[0])
 
@@ -543,12 +977,7 @@ class RecipeScope:
         return node
 
     def _input(self, packed) -> _Packed:
-        """A recipe's leaf for an input the block packed: for a recipe that will be packed,
-        its own share of an offloaded entry (_Handle.sibling); the profiling step only
-        classifies."""
-        if self.share_handles and isinstance(packed, _Handle):
-            packed = packed.sibling()
-        return _Packed(packed)
+        return _input(packed, self.share_handles)
 
     def _leaf(self, a: _Arg, made: _Made, memo: dict, depth: int, linear: bool):
         if a.storage is None:
