@@ -466,7 +466,9 @@ def _path_to(root, targets: dict, depth: int = 16) -> dict:
     """Per target, the first path found breadth-first from autograd node `root` to it:
     (edge index, node type) per step. targets: key -> match(node, input_nr)."""
     found: dict = {}
-    frontier, seen = [(root, ())], {id(root)}
+    # By id, holding each node: a C++ node's Python object lives only while referenced,
+    # and a new one for another node may take a freed one's id.
+    frontier, seen = [(root, ())], {id(root): root}
     for _ in range(depth):
         following = []
         for node, path in frontier:
@@ -478,7 +480,7 @@ def _path_to(root, targets: dict, depth: int = 16) -> dict:
                     if key not in found and match(nxt, nr):
                         found[key] = step
                 if id(nxt) not in seen:
-                    seen.add(id(nxt))
+                    seen[id(nxt)] = nxt
                     following.append((nxt, step))
         if len(found) == len(targets) or not following:
             break
