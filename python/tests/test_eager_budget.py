@@ -1365,8 +1365,10 @@ def test_cuda_the_heads_late_tensors_leave_before_the_loss_backward_bit_exactly(
             for k in range(2):
                 loss, grads, peaks[head] = step(ctx)
                 _assert_same(loss, grads, ref_loss, ref_grads, k)
-        # (Within the allocator's 2 MiB rounding of a large block.)
-        assert abs(peaks[False] - peaks[True] - measured.head_late_bytes) <= 2 << 20, (
+        # Within two of the allocator's 2 MiB roundings of a large block, one each side:
+        # on an H100 (2026-12-07) one of three runs of this test, on unchanged code for
+        # this path, differed by 2.5 MiB (30.9 MiB lower for 32 MiB).
+        assert abs(peaks[False] - peaks[True] - measured.head_late_bytes) <= 4 << 20, (
             peaks, measured.head_late_bytes)
 
 
@@ -1435,10 +1437,10 @@ def test_nothing_of_a_step_outlives_it(cheap, no_leaks):
     assert new() == []
 
 
-# The latest run of T1's eager curve (bench/results, v16 on an H100, the README's figures):
+# The latest run of T1's eager curve (bench/results, v17 on an H100, the README's figures):
 # its plans, made again.
 MEASURED_EAGER_RUN = (pathlib.Path(__file__).resolve().parents[2] /
-                      "bench/results/2026-12-07-t1-eager-budget-v16-h100.json")
+                      "bench/results/2026-12-07-t1-eager-budget-v17-h100.json")
 
 
 def test_the_measured_eager_plans_are_made_again_unchanged():
