@@ -475,6 +475,29 @@ def _steps_under(work, ctx, steps: int, saved: str, **parts) -> tuple[int, int, 
                                                 "bytes_recomputed"))
 
 
+def _named_work(name: str):
+    """WORKLOADS[name], or "llama-bf16": the tiny Llama in bf16 (its norms' float copies
+    are then rebuilt from the bf16 hidden state, an extra input)."""
+    if name == "llama-bf16":
+        return _Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16))
+    return WORKLOADS[name]()
+
+
+def _count_extra_packs(monkeypatch) -> list[int]:
+    """A one-element list counting the recipes' extra inputs packed from now on."""
+    from spillway.activations import _eager_budget
+
+    count = [0]
+    pack_extra = _eager_budget.BudgetedOffload._pack_extra
+
+    def counting(ctx, t):
+        count[0] += 1
+        return pack_extra(ctx, t)
+
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack_extra", counting)
+    return count
+
+
 _COMBINATIONS = [("keep", "recompute"), ("offload", "recompute"), ("keep", "offload"),
                  ("offload", "keep")]
 
@@ -486,8 +509,7 @@ def test_rebuildable_tensors_go_their_own_way_bit_exactly(name, saved, cheap, no
     inputs and, in bf16, the norms' float copies, rebuilt from the bf16 hidden states they
     hold instead: C_k) kept, offloaded or rebuilt apart from the rest (S_k): loss and
     gradients bit-equal on every step, and the bytes go where the policy says."""
-    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
-            else WORKLOADS[name]())
+    work = _named_work(name)
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     cheap_bytes = sum(c.cheap_bytes for c in ctx.plan.profile.calls)
     assert cheap_bytes > 0 and all(
@@ -548,8 +570,7 @@ def test_the_planner_times_each_blocks_rebuild_apart_from_the_step(name, no_leak
 
     from spillway.activations._recipes import nodes_of, recomputable_op
 
-    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
-            else WORKLOADS[name]())
+    work = _named_work(name)
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     calls = ctx.plan.profile.calls
     rebuilding = [c for c in calls if c.cheap_bytes > 0]
@@ -662,8 +683,7 @@ def test_the_profile_finds_what_a_linear_recipe_rebuilds(name, linear_recipes):
     """A Llama block's gate and up projections (each tokens x intermediate) are the
     saved tensors only a matmul rebuilds: L_k, apart from C_k, its rebuild timed. GPT-2's
     projections are Conv1D (addmm), which no recipe runs again: no L_k there."""
-    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
-            else WORKLOADS[name]())
+    work = _named_work(name)
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     calls = ctx.plan.profile.calls
     if name == "gpt2-dropout":
@@ -691,8 +711,7 @@ def test_linear_recipes_go_their_own_way_bit_exactly(name, saved, cheap, linear,
     """L_k kept, offloaded or rebuilt by F.linear apart from S_k and C_k (each its own
     way, C_k rebuilt or not): loss and gradients bit-equal on every step, and the bytes go
     where the policy says."""
-    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
-            else WORKLOADS[name]())
+    work = _named_work(name)
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     calls = ctx.plan.profile.calls
     linear_bytes = sum(c.linear_bytes for c in calls)
@@ -758,19 +777,11 @@ def test_parts_by_position_move_what_the_recorder_would(name, saved, cheap, line
 
     if name == "gpt2-dropout" and (saved, cheap) == ("keep", "keep"):
         pytest.skip("GPT-2 has no linear part: nothing would move")
-    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
-            else WORKLOADS[name]())
+    work = _named_work(name)
     # A recipe's extra inputs (the bf16 hidden state of a norm's float copy) are packed
     # only where the recipe rebuilds its tensor: here none is, so none may move (under
     # the Recorder they once did, for nothing).
-    extra_moved = [0]
-    pack_extra = _eager_budget.BudgetedOffload._pack_extra
-
-    def counting(ctx, t):
-        extra_moved[0] += 1
-        return pack_extra(ctx, t)
-
-    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack_extra", counting)
+    extra_moved = _count_extra_packs(monkeypatch)
     parts = dict(cheap=cheap, linear=linear)
     moved = {}
     for by_position in (False, True):
@@ -831,16 +842,8 @@ def test_recipes_by_position_rebuild_what_the_recorder_would(name, saved, cheap,
 
     if name == "gpt2-dropout" and cheap != "recompute":
         pytest.skip("GPT-2 has no linear part: nothing would be rebuilt")
-    work = (_Hf(*tiny_llama(0, layers=3, dtype=torch.bfloat16)) if name == "llama-bf16"
-            else WORKLOADS[name]())
-    extras = [0]
-    pack_extra = _eager_budget.BudgetedOffload._pack_extra
-
-    def counting(ctx, t):
-        extras[0] += 1
-        return pack_extra(ctx, t)
-
-    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack_extra", counting)
+    work = _named_work(name)
+    extras = _count_extra_packs(monkeypatch)
     monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
     parts = dict(cheap=cheap) if linear is None else dict(cheap=cheap, linear=linear)
     done = {}
@@ -945,14 +948,7 @@ def test_an_extra_input_written_after_it_was_caught_is_not_rebuilt_from(no_leaks
     monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
     work = _switch_work(torch.bfloat16)
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
-    extras = [0]
-    pack_extra = _eager_budget.BudgetedOffload._pack_extra
-
-    def counting(ctx, t):
-        extras[0] += 1
-        return pack_extra(ctx, t)
-
-    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack_extra", counting)
+    extras = _count_extra_packs(monkeypatch)
     _steps_under(work, ctx, 2, "keep", cheap="recompute")  # learns, binds
     assert extras[0] > 0 and ctx.stats()["recipes_by_position"] > 0
     for block in work.model.blocks:
