@@ -709,6 +709,40 @@ def _dispatch_us() -> float:
     return statistics.median(runs)
 
 
+def _cpu_now() -> int | None:
+    """The core this process last ran on (/proc/self/stat's field 39; Linux), or None."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpu_mhz(cpu: int | None) -> float | None:
+    """That core's clock as /proc/cpuinfo reports it now, or None."""
+    if cpu is None:
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="ascii") as f:
+            blocks = f.read().split("\n\n")
+    except OSError:
+        return None
+    for block in blocks:
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+        if fields.get("processor", "").strip() == str(cpu) and "cpu MHz" in fields:
+            return round(float(fields["cpu MHz"]), 0)
+    return None
+
+
+def _cpu_list(text: str) -> set[int]:
+    """--cpus: "0-3,8" -> {0, 1, 2, 3, 8}."""
+    cpus = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def _host_bound(forwards: list) -> dict:
     """How the measured steps' forward went on the host against the GPU: the host's
     time to issue it (model call to loss, no sync) and the GPU's time from the step's
@@ -718,15 +752,20 @@ def _host_bound(forwards: list) -> dict:
     dispatch_us: _dispatch_us() in this method's process."""
     host = statistics.median(h for h, _ in forwards)
     gpu = [g for _, g in forwards if g is not None]
+    cpu = _cpu_now()
     return dict(forward_host_ms=round(host, 2),
                 forward_gpu_ms=round(statistics.median(gpu), 2) if gpu else None,
-                dispatch_us=round(_dispatch_us(), 3))
+                dispatch_us=round(_dispatch_us(), 3), cpu=cpu, cpu_mhz=_cpu_mhz(cpu),
+                cpus_allowed=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                else None)
 
 
 def run_one(spec: str, args) -> dict:
     import torch
 
     name, options = _parse_method(spec)
+    if args.cpus:  # this method's process and every thread it starts
+        os.sched_setaffinity(0, _cpu_list(args.cpus))
     flat_steps = options.pop("flat", args.flat_steps)  # per-method --flat-steps
     shape = TINY if args.tiny else T1
     device = args.device
@@ -870,14 +909,17 @@ def render(results: list[dict], command: str) -> str:
         out.append("\nThe forward on the host and on the GPU (medians over the measured steps; "
                    "host = issuing it, model call to loss, no sync; GPU = step start to its "
                    "last kernel; a host near the GPU kept it waiting); dispatch = the host's "
-                   "microseconds per small CPU torch op in that method's process:\n")
-        out.append("| method | forward host ms | forward GPU ms | dispatch us |")
-        out.append("|---|---|---|---|")
+                   "microseconds per small CPU torch op in that method's process; core = the "
+                   "one it ran on at the end, at its clock then:\n")
+        out.append("| method | forward host ms | forward GPU ms | dispatch us | core (MHz) |")
+        out.append("|---|---|---|---|---|")
         for r in hosts:
             h = r["host"]
             gpu = f"{h['forward_gpu_ms']:.1f}" if h.get("forward_gpu_ms") is not None else "-"
+            core = "-" if h.get("cpu") is None else (
+                f"{h['cpu']}" + (f" ({h['cpu_mhz']:.0f})" if h.get("cpu_mhz") else ""))
             out.append(f"| {r['method']} | {h['forward_host_ms']:.1f} | {gpu} | "
-                       f"{h['dispatch_us']:.2f} |")
+                       f"{h['dispatch_us']:.2f} | {core} |")
     errors = [r for r in results if r.get("fp32_error")]
     if errors:
         out.append("\nAgainst the same weights in fp32 (eager, nothing saved), one more step "
@@ -1032,6 +1074,10 @@ def main() -> int:
                              "errors in the results")
     parser.add_argument("--fp32-batches", type=int, default=8,
                         help="with --fp32-error: batches whose loss errors are averaged")
+    parser.add_argument("--cpus", metavar="LIST",
+                        help="run each method's process on these cores only (\"0-3,8\"; "
+                             "Linux): one T1 run on an H100 machine saw its processes at "
+                             "two host speeds, 1.3-1.6 or 2.8-3.3 us per small op (v17)")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     parser.add_argument("--one", help=argparse.SUPPRESS)
