@@ -24,6 +24,7 @@ edge with their factor written beside them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 
@@ -35,9 +36,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 _LINE = re.compile(r"^\[t1\] (\S+): ([0-9.]+) ms, activation ([0-9.]+) GiB")
 
 
+@functools.lru_cache(maxsize=None)
+def _records(path: str) -> tuple[dict, ...]:
+    """A t1.py JSON file's records (read once: the points and the panel titles use them)."""
+    with open(path, encoding="utf-8") as f:
+        return tuple(json.load(f))
+
+
 def _from_json(path: str) -> list[tuple[str, float, float]]:
     return [(r["method"], r["step_ms_median"], r["activation_gib"])
-            for r in json.load(open(path)) if "error" not in r]
+            for r in _records(path) if "error" not in r]
 
 
 def _from_log(path: str) -> list[tuple[str, float, float]]:
@@ -55,7 +63,7 @@ def _dated(title: str, paths) -> str:
     gpus = []
     for p in paths:
         if p.endswith(".json"):
-            for r in json.load(open(p)):
+            for r in _records(p):
                 gpu = next((g for g in ("H100", "H200") if g in str(r.get("device", ""))), None)
                 if gpu and gpu not in gpus:
                     gpus.append(gpu)

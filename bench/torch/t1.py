@@ -49,7 +49,8 @@ BENCHMARKS.md). Methods:
                          gradients + 19 GiB), or a fraction of the no-offload peak
                          (spillway-eager-budget:0.5); more options after it
                          (spillway-eager-budget:7.1GiB,lag=2,prefetch=2;
-                         by_position=0|1 sets Note [Parts by position] for the run).
+                         by_position=0|1 sets Note [Parts by position] for the run;
+                         0 also turns off Note [Recipes by position], which needs it).
                          The first two warm-up steps profile, the plan applies from the
                          third (needs --warmup >= 3). The results carry the plan's
                          forecast beside the measurement (a table of its own).
