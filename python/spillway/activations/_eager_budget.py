@@ -558,8 +558,10 @@ class BudgetedOffload(eager.OffloadActivations):
                             "parts_by_position": 0, "parts_departed": 0,
                             "recipes_by_position": 0}
         # Note [Parts by position]: per block call, the policy and each save's layout and
-        # part as its last run under the Recorder found them; the list being filled.
-        self._save_parts: dict[int, tuple[_CallPolicy, list[tuple]]] = {}
+        # part as its last run under the Recorder found them, or None where a recipe of
+        # that run could not be learned (its calls keep the Recorder); the list being
+        # filled.
+        self._save_parts: dict[int, tuple[_CallPolicy, list[tuple] | None]] = {}
         self._learning: list[tuple] | None = None
         self._block_host_ms: dict[int, float] = {}  # stats(): per block call ordinal
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call

@@ -290,9 +290,7 @@ class SaveParts:
             caught = self.catcher.caught.get(ref) if self.catcher is not None else None
             target = caught[2:] if caught is not None else None
         else:
-            tensor = getattr(node, "variable", None)
-            return (tensor is not None and self.params is not None
-                    and tensor.untyped_storage().data_ptr() == ref.ptr)
+            return _accumulates_into(node, ref.ptr)
         return target is not None and target[0] is node and target[1] == nr
 
     def _node(self, tn: "_TNode", memo: dict) -> _Node:
@@ -316,7 +314,7 @@ class SaveParts:
             if p is None:
                 raise _Unbound
             return _Param(p, a.layout, p._version)
-        if isinstance(a, _TView):
+        if isinstance(a, _View):  # a template's: its node a _TNode
             return _View(self._node(a.node, memo), a.layout)
         return a
 
@@ -378,9 +376,16 @@ class _ParamRef:
     layout: tuple
 
 
+def _accumulates_into(node, ptr: int) -> bool:
+    """Whether autograd node `node` is the AccumulateGrad of the parameter whose storage
+    is at data pointer `ptr` (a _ParamRef's check, at learning and at binding)."""
+    tensor = getattr(node, "variable", None)
+    return tensor is not None and tensor.untyped_storage().data_ptr() == ptr
+
+
 class _TNode:
-    """A recipe node with its inputs as references (_SaveRef, _ExtraRef, _ParamRef,
-    _TView); slot: the learned call's storage it rebuilds, numbered (shared values)."""
+    """A recipe node with its inputs as references (_SaveRef, _ExtraRef, _ParamRef, a
+    _View of a _TNode); slot: the learned call's storage it rebuilds, numbered (shared values)."""
 
     __slots__ = ("func", "args", "kwargs", "layout", "slot", "linear")
 
@@ -391,14 +396,6 @@ class _TNode:
         self.layout = layout
         self.slot = slot
         self.linear = linear
-
-
-class _TView:
-    __slots__ = ("node", "layout")
-
-    def __init__(self, node: _TNode, layout: tuple):
-        self.node = node
-        self.layout = layout
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -446,7 +443,7 @@ def _interned(leaf):
     """What tells a template node's input apart (RecipeScope._template_node)."""
     if isinstance(leaf, (_SaveRef, _ExtraRef, _TNode)):
         return id(leaf)
-    if isinstance(leaf, _TView):
+    if isinstance(leaf, _View):
         return ("view", id(leaf.node), leaf.layout)
     if isinstance(leaf, _ParamRef):
         return ("param", leaf.ptr, leaf.layout)
@@ -647,7 +644,8 @@ class _Extra:
 
 
 class _View:
-    """A nested recipe's output read through a view (its layout)."""
+    """A nested recipe's output read through a view (its layout): node a _Node, or in a
+    template (Note [Recipes by position]) a _TNode."""
 
     __slots__ = ("node", "layout")
 
@@ -858,9 +856,8 @@ class RecipeScope:
         targets = {}
         for ref in reads.values():
             if isinstance(ref, _ParamRef):
-                targets[ref] = (lambda ptr: lambda node, nr: (
-                    getattr(node, "variable", None) is not None
-                    and node.variable.untyped_storage().data_ptr() == ptr))(ref.ptr)
+                targets[ref] = (lambda ptr: lambda node, nr: _accumulates_into(node, ptr))(
+                    ref.ptr)
                 continue
             target = self.targets.get(ref.position if isinstance(ref, _SaveRef) else ref)
             if target is None or target[0] is None:
@@ -886,7 +883,7 @@ class RecipeScope:
             elif isinstance(leaf, _Param):
                 r = _ParamRef(leaf.tensor.untyped_storage().data_ptr(), leaf.layout)
             elif isinstance(leaf, _View):
-                return _TView(self._template_node(leaf.node, linear, memo, reads), leaf.layout)
+                return _View(self._template_node(leaf.node, linear, memo, reads), leaf.layout)
             elif isinstance(leaf, _Extra):
                 k = (a.storage, a.layout)
                 r = self.extra_refs.get(k)
