@@ -1433,10 +1433,10 @@ def test_nothing_of_a_step_outlives_it(cheap, no_leaks):
     assert new() == []
 
 
-# The latest run of T1's eager curve (bench/results, v17 on an H100, the README's figures):
+# The latest run of T1's eager curve (bench/results, v18 on the H200, the README's figures):
 # its plans, made again.
 MEASURED_EAGER_RUN = (pathlib.Path(__file__).resolve().parents[2] /
-                      "bench/results/2026-12-07-t1-eager-budget-v17-h100.json")
+                      "bench/results/2026-12-07-t1-eager-budget-v18-h200.json")
 
 
 def test_the_measured_eager_plans_are_made_again_unchanged():
