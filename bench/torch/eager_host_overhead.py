@@ -28,6 +28,12 @@ median of --steps after warm-up), each the same work but for the hooks:
 Printed: host ms per forward, the difference to `none` per block call and per saved
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
 machine's: compare ways within one run.
+
+--profile N: after the table, N more forwards of each way whose name contains
+--profile-way (default: the by-position rebuild) run under cProfile, and the functions
+with the most own time are printed (cProfile's own cost inflates the Python rows; read
+the shares, not the totals): where a hooked block's host time goes, on the GPU
+machine's host too (device-check: SPILLWAY_T1_HOST_BENCH=1 passes --profile 5).
 """
 from __future__ import annotations
 
@@ -76,6 +82,28 @@ def _forward_host_ms(model, ids, ctx, steps: int, sync) -> tuple[float, int]:
     return statistics.median(times), seen
 
 
+def _profiled(model, ids, ctx, steps: int, sync, top: int = 30) -> str:
+    """The forwards' (model call to loss, as _forward_host_ms times them) functions with
+    the most own time, as pstats prints them; backward runs unprofiled."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        sync()
+        profile.enable()
+        with ctx:
+            loss = model(ids, labels=ids, use_cache=False).loss
+        profile.disable()
+        loss.backward()
+        sync()
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).strip_dirs().sort_stats("tottime").print_stats(top)
+    return out.getvalue().strip()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -85,6 +113,10 @@ def main() -> int:
                         help="the model's (T1's is bfloat16: its norms' float copies are "
                              "then rebuilt from the bf16 hidden state, an extra input)")
     parser.add_argument("--json")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="N forwards of the --profile-way ways under cProfile (0: none)")
+    parser.add_argument("--profile-way", default="rebuild C_k and L_k (by position)",
+                        help="profile the ways whose name contains this")
     args = parser.parse_args()
 
     import torch
@@ -103,10 +135,14 @@ def main() -> int:
     warm = max(3, args.steps // 4)
     rows = []
 
+    profiles = []  # (way, pstats text)
+
     def measure(name, ctx):
         _forward_host_ms(model, ids, ctx, warm, sync)
         ms, seen = _forward_host_ms(model, ids, ctx, args.steps, sync)
         rows.append(dict(way=name, forward_host_ms=round(ms, 3), tensors_seen=seen))
+        if args.profile > 0 and args.profile_way in name:
+            profiles.append((name, _profiled(model, ids, ctx, args.profile, sync)))
 
     measure("none", None)
     measure("offload", offload_activations(model, min_bytes=0, device=args.device))
@@ -146,6 +182,9 @@ def main() -> int:
         r.update(over_none_per_block_us=round(per_block, 1))
         print(f"| {r['way']} | {r['forward_host_ms']:.2f} | {per_block:.0f} | "
               f"{r['tensors_seen'] or '-'} | {per_tensor} |")
+    for name, text in profiles:
+        print(f"\n## {name}: {args.profile} forwards under cProfile, by own time\n")
+        print(text)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(dict(device=args.device, layers=args.layers, dtype=args.dtype,

@@ -911,15 +911,29 @@ def render(results: list[dict], command: str) -> str:
                    "host = issuing it, model call to loss, no sync; GPU = step start to its "
                    "last kernel; a host near the GPU kept it waiting); dispatch = the host's "
                    "microseconds per small CPU torch op in that method's process; core = the "
-                   "one it ran on at the end, at its clock then:\n")
-        out.append("| method | forward host ms | forward GPU ms | dispatch us | core (MHz) |")
-        out.append("|---|---|---|---|---|")
+                   "one it ran on at the end, at its clock then; over base = forward GPU ms "
+                   "beyond `none`'s (`compiled`'s for compiled methods) in this run; step - "
+                   "forecast = measured minus the planner's forecast (ms). A forward the host "
+                   "kept waiting grows on the GPU by about what its step misses the device "
+                   "forecast by (v17, v18):\n")
+        out.append("| method | forward host ms | forward GPU ms | over base | step - forecast | "
+                   "dispatch us | core (MHz) |")
+        out.append("|---|---|---|---|---|---|---|")
+        base_gpu = {r["method"]: r["host"].get("forward_gpu_ms") for r in hosts
+                    if r["method"] in ("none", "compiled")}
         for r in hosts:
             h = r["host"]
-            gpu = f"{h['forward_gpu_ms']:.1f}" if h.get("forward_gpu_ms") is not None else "-"
+            gpu = h.get("forward_gpu_ms")
+            base = base_gpu.get("compiled" if "compiled" in r["method"] else "none")
+            over = f"{gpu - base:+.1f}" if gpu is not None and base is not None else "-"
+            stats = r.get("method_stats") or {}
+            forecast = _shown_forecast(stats)[1] if stats.get("forecast") else {}
+            miss = (f"{r['step_ms_median'] - forecast['step_ms']:+.1f}"
+                    if forecast.get("step_ms") is not None and r.get("step_ms_median") else "-")
             core = "-" if h.get("cpu") is None else (
                 f"{h['cpu']}" + (f" ({h['cpu_mhz']:.0f})" if h.get("cpu_mhz") else ""))
-            out.append(f"| {r['method']} | {h['forward_host_ms']:.1f} | {gpu} | "
+            out.append(f"| {r['method']} | {h['forward_host_ms']:.1f} | "
+                       f"{'-' if gpu is None else f'{gpu:.1f}'} | {over} | {miss} | "
                        f"{h['dispatch_us']:.2f} | {core} |")
     errors = [r for r in results if r.get("fp32_error")]
     if errors:
@@ -945,6 +959,16 @@ def render(results: list[dict], command: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _shown_forecast(stats: dict) -> tuple[int | None, dict]:
+    """(graph index, forecast) of a budget method's stats: spillway-eager-budget's one
+    forecast (index None), or spillway-compiled's graph with the largest peak."""
+    f = stats["forecast"]
+    if not isinstance(f, list):
+        return None, f
+    i = max(range(len(f)), key=lambda k: f[k]["peak_bytes"])
+    return i, f[i]
+
+
 def _render_forecasts(results: list[dict]) -> list[str]:
     """The budget planner's forecast beside the measurement: spillway-eager-budget
     (one forecast per run) and spillway-compiled with memory_budget (one per
@@ -956,14 +980,13 @@ def _render_forecasts(results: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         stats = r["method_stats"]
-        f, departures = stats["forecast"], "-"
-        if isinstance(f, list):  # compiled: per graph
-            i = max(range(len(f)), key=lambda k: f[k]["peak_bytes"])
-            f = f[i]
+        i, f = _shown_forecast(stats)
+        if i is not None:  # compiled: per graph
             mix = ", ".join(f"{k} {v}" for k, v in stats["decisions"][i].items())
             departures = str(len(stats["departures"][i]))
         else:
             mix = ", ".join(f"{k} {v}" for k, v in stats.get("decision_mix", {}).items())
+            departures = "-"
         ms, peak = r["step_ms_median"], r.get("peak_allocated_gib")
         fpeak = f["peak_bytes"] / GIB
         step_err = f"{100 * (f['step_ms'] - ms) / ms:+.1f}%"
