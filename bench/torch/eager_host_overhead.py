@@ -62,19 +62,24 @@ def _model(device: str, layers: int):
     return model, ids
 
 
-def _forward_host_ms(model, ids, ctx, steps: int, sync) -> tuple[float, int]:
-    """(median host ms of the forward, tensors the context saw per step)."""
+def _forward_host_ms(model, ids, ctx, steps: int, sync, profile=None) -> tuple[float, int]:
+    """(median host ms of the forward, tensors the context saw per step); with `profile`
+    (a cProfile.Profile), each forward runs under it and backward outside it."""
     seen0 = ctx.stats()["tensors_seen"] if ctx is not None else 0
     times = []
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
         sync()
         t0 = time.perf_counter()
+        if profile is not None:
+            profile.enable()
         if ctx is None:
             loss = model(ids, labels=ids, use_cache=False).loss
         else:
             with ctx:
                 loss = model(ids, labels=ids, use_cache=False).loss
+        if profile is not None:
+            profile.disable()
         times.append(1e3 * (time.perf_counter() - t0))
         loss.backward()
         sync()
@@ -83,22 +88,13 @@ def _forward_host_ms(model, ids, ctx, steps: int, sync) -> tuple[float, int]:
 
 
 def _profiled(model, ids, ctx, steps: int, sync, top: int = 30) -> str:
-    """The forwards' (model call to loss, as _forward_host_ms times them) functions with
-    the most own time, as pstats prints them; backward runs unprofiled."""
+    """The forwards' functions with the most own time, as pstats prints them."""
     import cProfile
     import io
     import pstats
 
     profile = cProfile.Profile()
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
-        sync()
-        profile.enable()
-        with ctx:
-            loss = model(ids, labels=ids, use_cache=False).loss
-        profile.disable()
-        loss.backward()
-        sync()
+    _forward_host_ms(model, ids, ctx, steps, sync, profile)
     out = io.StringIO()
     pstats.Stats(profile, stream=out).strip_dirs().sort_stats("tottime").print_stats(top)
     return out.getvalue().strip()
