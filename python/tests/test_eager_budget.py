@@ -661,6 +661,12 @@ def linear_recipes(monkeypatch):
     monkeypatch.setattr(_eager_budget, "_LINEAR_RECIPES", True)
 
 
+@pytest.fixture
+def recipes_by_position(monkeypatch):
+    """Notes [Parts by position] and [Recipes by position] on, whatever the defaults."""
+    from spillway.activations import _eager_budget
+
+
 def test_linear_recipes_and_the_search_from_both_ends_are_on(monkeypatch):
     """Both on by default (the v15 curve measured them); with _LINEAR_RECIPES off the
     profile finds no L_k, and with _SEARCH_BOTH_ENDS off the planner runs greedy only."""
@@ -902,16 +908,15 @@ def _switch_work(dtype=torch.float32):
     return _Toy(_SwitchModel(dtype), _input(12, 64).to(dtype).requires_grad_())
 
 
-def test_a_recipe_whose_history_departs_is_saved_as_the_rest(no_leaks, monkeypatch):
+def test_a_recipe_whose_history_departs_is_saved_as_the_rest(no_leaks, recipes_by_position,
+                                                               monkeypatch):
     """A save whose layout and maker are the learned ones but whose autograd history does
     not reach the learned recipe's input (sigmoid of cos, learned as sigmoid of sin) is
     saved as the rest, the call departs (counted) and is recorded again at its next call:
     bit-exact throughout. Without the check the recipe would rebuild sigmoid(sin): the
     gradients differ (the check is what keeps them right)."""
-    from spillway.activations import _eager_budget, _recipes
+    from spillway.activations import _recipes
 
-    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
-    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
     work = _switch_work()
     blocks = work.model.blocks
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
@@ -937,15 +942,11 @@ def test_a_recipe_whose_history_departs_is_saved_as_the_rest(no_leaks, monkeypat
         _steps_under(work, ctx, 1, "keep", cheap="recompute")
 
 
-def test_an_extra_input_written_after_it_was_caught_is_not_rebuilt_from(no_leaks,
-                                                                        monkeypatch):
+def test_an_extra_input_written_after_it_was_caught_is_not_rebuilt_from(
+        no_leaks, recipes_by_position, monkeypatch):
     """A recipe's extra input (h, the bf16 tensor a float copy is made from) written in
     place after the copy was made: by position the call departs at that save, which goes
     as the rest (the Recorder would not have made it a recipe); bit-exact."""
-    from spillway.activations import _eager_budget
-
-    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
-    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
     work = _switch_work(torch.bfloat16)
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
     extras = _count_extra_packs(monkeypatch)
@@ -958,14 +959,10 @@ def test_an_extra_input_written_after_it_was_caught_is_not_rebuilt_from(no_leaks
 
 
 def test_recipes_that_cannot_be_checked_keep_the_recorder(no_leaks, linear_recipes,
-                                                          monkeypatch):
+                                                          recipes_by_position):
     """A recipe reading a frozen parameter (the norms' weights, requires_grad=False) has
     no autograd edge to check it by: its call keeps running under the Recorder (learned
     as such once), rebuilding bit-exactly."""
-    from spillway.activations import _eager_budget
-
-    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
-    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
     work = WORKLOADS["llama"]()
     for name, p in work.model.named_parameters():
         if "norm" in name:
