@@ -29,6 +29,13 @@ Printed: host ms per forward, the difference to `none` per block call and per sa
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
 machine's: compare ways within one run.
 
+--ablate: two more ways, the by-position keep way with part of its hooks replaced by
+a plain keep (each saved tensor held as it is, no copy): "copies stubbed" (what the
+store would offload is kept: the custom ops, their waits and the entries go) and "pack
+stubbed" (the pack hook keeps every save at once: what is left is the block-level
+hooks). Not plans anyone runs (nothing is offloaded): the differences to the full way
+say where a hooked block's host time goes, on the GPU machine's host too.
+
 --profile N: after the table, N more forwards of each way whose name contains
 --profile-way (default: the by-position rebuild) run under cProfile, and the functions
 with the most own time are printed (cProfile's own cost inflates the Python rows; read
@@ -100,6 +107,17 @@ def _profiled(model, ids, ctx, steps: int, sync, top: int = 30) -> str:
     return out.getvalue().strip()
 
 
+def _stub(ctx, way: str) -> None:
+    """--ablate: the context's copies, or its whole pack hook, replaced by a plain keep
+    (instance attributes, set before the context is entered: its hooks bind them then)."""
+    from spillway.activations._eager_store import _Kept
+
+    if "copies stubbed" in way:
+        ctx._pack_offloaded = lambda t, storage, key: _Kept(ctx, t, ctx._current)
+    elif "pack stubbed" in way:
+        ctx._pack = lambda t: _Kept(ctx, t, None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -111,6 +129,9 @@ def main() -> int:
     parser.add_argument("--json")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="N forwards of the --profile-way ways under cProfile (0: none)")
+    parser.add_argument("--ablate", action="store_true",
+                        help="also time the by-position keep way with its copies, then its "
+                             "whole pack hook, replaced by a plain keep")
     parser.add_argument("--profile-way", default="rebuild C_k and L_k (by position)",
                         help="profile the ways whose name contains this")
     args = parser.parse_args()
@@ -156,6 +177,9 @@ def main() -> int:
         ("plan, offload S_k, keep C_k and L_k (by position)", keep_apart, True, False),
         ("plan, offload S_k, rebuild C_k and L_k (by position)", rebuild, True, True),
     ]
+    if args.ablate:
+        ways += [(ways[3][0].replace(")", ", copies stubbed)"), keep_apart, True, False),
+                 (ways[3][0].replace(")", ", pack stubbed)"), keep_apart, True, False)]
     for name, policy, parts_by_position, recipes_by_position in ways:
         _eager_budget._PARTS_BY_POSITION = parts_by_position
         _eager_budget._RECIPES_BY_POSITION = recipes_by_position
@@ -163,6 +187,7 @@ def main() -> int:
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan
         ctx._policies = [_CallPolicy(**policy) for _ in ctx._policies]
+        _stub(ctx, name)
         measure(name, ctx)
 
     none = rows[0]["forward_host_ms"]
