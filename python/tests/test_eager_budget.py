@@ -665,6 +665,8 @@ def linear_recipes(monkeypatch):
 def recipes_by_position(monkeypatch):
     """Notes [Parts by position] and [Recipes by position] on, whatever the defaults."""
     from spillway.activations import _eager_budget
+    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
 
 
 def test_linear_recipes_and_the_search_from_both_ends_are_on(monkeypatch):
