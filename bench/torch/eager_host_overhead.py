@@ -21,9 +21,10 @@ median of --steps after warm-up), each the same work but for the hooks:
 - offload: offload_activations(model) moving every saved tensor (min_bytes=0);
 - plan, <policy>: a memory_budget context whose every block call runs the policy:
   offload S_k with C_k and L_k kept apart (their blocks run under the Recorder), the
-  same with C_k and L_k rebuilt (recipes), the block checkpointed, and the first two
+  same with C_k and L_k rebuilt (recipes), the block checkpointed, the first two
   again by position (Notes [Parts by position] and [Recipes by position], _recipes.py:
-  no Recorder).
+  no Recorder), and the rebuild by position with its extra inputs caught in the
+  submodule calls that take them (Note [Catching in a window], _CATCH_IN_WINDOWS).
 
 Printed: host ms per forward, the difference to `none` per block call and per saved
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
@@ -177,12 +178,16 @@ def main() -> int:
         ("plan, offload S_k, keep C_k and L_k (by position)", keep_apart, True, False),
         ("plan, offload S_k, rebuild C_k and L_k (by position)", rebuild, True, True),
     ]
+    # Note [Catching in a window]: the rebuild by position with the extra inputs caught in
+    # the submodule calls that take them (_eager_budget._CATCH_IN_WINDOWS).
+    ways.append((ways[4][0].replace(")", ", caught in windows)"), rebuild, True, True))
     if args.ablate:
         ways += [(ways[3][0].replace(")", ", copies stubbed)"), keep_apart, True, False),
                  (ways[3][0].replace(")", ", pack stubbed)"), keep_apart, True, False)]
     for name, policy, parts_by_position, recipes_by_position in ways:
         _eager_budget._PARTS_BY_POSITION = parts_by_position
         _eager_budget._RECIPES_BY_POSITION = recipes_by_position
+        _eager_budget._CATCH_IN_WINDOWS = "caught in windows" in name
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan

@@ -1610,3 +1610,74 @@ def test_each_stretch_of_the_step_is_calibrated_where_it_peaks():
     assert transients == (0, 0, 0) and offset > 0
     assert not any(n["name"].endswith("_transient") for n in block_graph(
         plain, resident_bytes=gib, offset_bytes=offset)["nodes"])
+
+
+@pytest.mark.parametrize("saved, cheap, linear", [("keep", "recompute", None),
+                                                  ("offload", "recompute", "recompute")])
+def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
+        saved, cheap, linear, no_leaks, linear_recipes, recipes_by_position, monkeypatch):
+    """Note [Catching in a window]: with _CATCH_IN_WINDOWS a bf16 Llama's calls learn
+    where each norm's bf16 input was taken (the norm's call, its first T.to) and catch it
+    there only: bit-equal to the Recorder's step, the same tensors rebuilt and extra
+    inputs packed, every recipe bound, and the catchers see a fraction of the block's
+    torch calls (a block-wide _Catcher sees all of them)."""
+    from spillway.activations import _eager_budget, _recipes
+
+    seen = [0]
+    catch = _recipes._Catcher.__torch_function__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        seen[0] += 1
+        return catch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_recipes._Catcher, "__torch_function__", counted)
+    work = _named_work("llama-bf16")
+    extras = _count_extra_packs(monkeypatch)
+    parts = dict(cheap=cheap) if linear is None else dict(cheap=cheap, linear=linear)
+    done, calls = {}, {}
+    for way in ("recorder", "block-wide", "windows"):
+        monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", way != "recorder")
+        monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", way == "windows")
+        ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+        _steps_under(work, ctx, 1, saved, **parts)  # learns (by position), or not
+        before, extras[0], seen[0] = ctx.stats(), 0, 0
+        done[way] = (*_steps_under(work, ctx, 2, saved, **parts), extras[0])
+        calls[way] = seen[0]
+        stats = ctx.stats()
+        bound = stats["recipes_by_position"] - before["recipes_by_position"]
+        assert bound == (0 if way == "recorder" else done[way][1]), bound
+        assert stats["parts_departed"] == 0
+        if way == "windows":
+            blocks = [m for _, m in ctx._blocks]
+            specs = [ref.spec for k in ctx._save_parts for row in ctx._save_parts[k][1]
+                     if row[3] is not None for ref in row[3].reads
+                     if isinstance(ref, _recipes._ExtraRef)]
+            assert specs and all(s.window is not None and s.window[0] not in blocks
+                                 and isinstance(s.window[0], type(blocks[0].input_layernorm))
+                                 for s in specs)
+    assert done["windows"] == done["block-wide"] == done["recorder"], done
+    assert done["windows"][3] > 0  # the norms' bf16 inputs, held for their float copies
+    assert 0 < 3 * calls["windows"] < calls["block-wide"], calls
+
+
+def test_an_extra_input_taken_in_the_block_itself_is_caught_block_wide(
+        no_leaks, recipes_by_position, monkeypatch):
+    """Note [Catching in a window]: an extra input taken by the block's own forward (not
+    in a submodule: _SwitchBlock's h.float()) has no window and is caught across the call
+    as before, written in place after it was caught included (the call departs)."""
+    from spillway.activations import _eager_budget, _recipes
+
+    monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", True)
+    work = _switch_work(torch.bfloat16)
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    extras = _count_extra_packs(monkeypatch)
+    _steps_under(work, ctx, 2, "keep", cheap="recompute")  # learns, binds
+    assert extras[0] > 0 and ctx.stats()["recipes_by_position"] > 0
+    specs = [ref.spec for k in ctx._save_parts for row in ctx._save_parts[k][1]
+             if row[3] is not None for ref in row[3].reads
+             if isinstance(ref, _recipes._ExtraRef)]
+    assert specs and all(s.window is None for s in specs)
+    for block in work.model.blocks:
+        block.mutate = True
+    _steps_under(work, ctx, 1, "keep", cheap="recompute")
+    assert ctx.stats()["parts_departed"] == len(work.model.blocks)

@@ -136,6 +136,11 @@ _PARTS_BY_POSITION = True
 # linear part, its recipes bound from templates learned under the Recorder and checked
 # against each save's autograd history (with _PARTS_BY_POSITION).
 _RECIPES_BY_POSITION = True
+# Note [Catching in a window] (_recipes.py): a call rebuilding by position catches its
+# extra inputs in the submodule calls that take them, not across the whole block call.
+# Off until measured on T1 (H100 host, 2026-12-07: with a block-wide _Catcher a bf16 block
+# rebuilding its parts took +3.96 ms of host over a plain forward, keeping them +1.90).
+_CATCH_IN_WINDOWS = False
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -775,7 +780,7 @@ class BudgetedOffload(eager.OffloadActivations):
                 out = checkpoint(original, *args, use_reentrant=False, preserve_rng_state=True,
                                  **kwargs)
             elif policy is not None and policy.recorded:
-                out = self._recorded_call(ordinal, policy, original, args, kwargs)
+                out = self._recorded_call(module, ordinal, policy, original, args, kwargs)
             else:
                 out = original(*args, **kwargs)
             if mode == "plan":
@@ -792,7 +797,8 @@ class BudgetedOffload(eager.OffloadActivations):
                             for t in (*self._model.parameters(), *self._model.buffers())}
         return self._params
 
-    def _recorded_call(self, ordinal: int, policy: _CallPolicy, original, args, kwargs):
+    def _recorded_call(self, module, ordinal: int, policy: _CallPolicy, original, args,
+                       kwargs):
         """A block call whose rebuildable saved tensors the plan treats apart (_recipes.py):
         under the Recorder, or by position as its last call under it found them (Notes
         [Parts by position], [Recipes by position])."""
@@ -808,6 +814,7 @@ class BudgetedOffload(eager.OffloadActivations):
         self._recipes = (RecipeScope(recorder, pack_extra=self._pack_extra, learn=by_position),
                          policy)
         self._learning = [] if by_position else None
+        handles = recorder.watch(module) if by_position and _CATCH_IN_WINDOWS else []
         try:
             with recorder:
                 out = original(*args, **kwargs)
@@ -816,11 +823,15 @@ class BudgetedOffload(eager.OffloadActivations):
             return out
         finally:
             self._recipes = self._learning = None
+            for handle in handles:
+                handle.remove()
 
     def _call_by_position(self, ordinal: int, table: list, policy: _CallPolicy, original, args,
                           kwargs):
-        parts = SaveParts(table, self._params_by_ptr(), self._pack_extra)
+        parts = SaveParts(table, self._params_by_ptr(), self._pack_extra,
+                          by_window=_CATCH_IN_WINDOWS)
         self._recipes = (parts, policy)
+        handles = parts.watch()
         try:
             if parts.catcher is None:
                 return original(*args, **kwargs)
@@ -828,6 +839,8 @@ class BudgetedOffload(eager.OffloadActivations):
                 return original(*args, **kwargs)
         finally:
             self._recipes = None
+            for handle in handles:
+                handle.remove()
             if parts.departed:
                 del self._save_parts[ordinal]  # learned again at its next call
             with self._lock:
