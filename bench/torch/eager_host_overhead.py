@@ -108,14 +108,15 @@ def _profiled(model, ids, ctx, steps: int, sync, top: int = 30) -> str:
     return out.getvalue().strip()
 
 
-def _stub(ctx, way: str) -> None:
-    """--ablate: the context's copies, or its whole pack hook, replaced by a plain keep
-    (instance attributes, set before the context is entered: its hooks bind them then)."""
+def _stub(ctx, stub: str | None) -> None:
+    """--ablate: the context's copies ("copies"), or its whole pack hook ("pack"), replaced
+    by a plain keep (instance attributes, set before the context is entered: its hooks
+    bind them then); None: nothing."""
     from spillway.activations._eager_store import _Kept
 
-    if "copies stubbed" in way:
+    if stub == "copies":
         ctx._pack_offloaded = lambda t, storage, key: _Kept(ctx, t, ctx._current)
-    elif "pack stubbed" in way:
+    elif stub == "pack":
         ctx._pack = lambda t: _Kept(ctx, t, None)
 
 
@@ -169,30 +170,33 @@ def main() -> int:
     keep_apart = dict(checkpoint=False, offload_saved=True, offload_input=False, lag=0,
                       cheap="keep", linear="keep")
     rebuild = dict(keep_apart, cheap="recompute", linear="recompute")
+    keep_by_position = "plan, offload S_k, keep C_k and L_k (by position)"
+    rebuild_by_position = "plan, offload S_k, rebuild C_k and L_k (by position)"
     ways = [  # (name, the policy of every block call, Notes [Parts by position] and
-        # [Recipes by position])
-        ("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart, False, False),
-        ("plan, offload S_k, rebuild C_k and L_k (recorded)", rebuild, False, False),
+        # [Recipes by position], [Catching in a window], --ablate's stub or None)
+        ("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart, False, False, False,
+         None),
+        ("plan, offload S_k, rebuild C_k and L_k (recorded)", rebuild, False, False, False,
+         None),
         ("plan, checkpoint", dict(checkpoint=True, offload_saved=False, offload_input=False),
-         False, False),
-        ("plan, offload S_k, keep C_k and L_k (by position)", keep_apart, True, False),
-        ("plan, offload S_k, rebuild C_k and L_k (by position)", rebuild, True, True),
+         False, False, False, None),
+        (keep_by_position, keep_apart, True, False, False, None),
+        (rebuild_by_position, rebuild, True, True, False, None),
+        (rebuild_by_position.replace(")", ", caught in windows)"), rebuild, True, True, True,
+         None),
     ]
-    # Note [Catching in a window]: the rebuild by position with the extra inputs caught in
-    # the submodule calls that take them (_eager_budget._CATCH_IN_WINDOWS).
-    ways.append((ways[4][0].replace(")", ", caught in windows)"), rebuild, True, True))
     if args.ablate:
-        ways += [(ways[3][0].replace(")", ", copies stubbed)"), keep_apart, True, False),
-                 (ways[3][0].replace(")", ", pack stubbed)"), keep_apart, True, False)]
-    for name, policy, parts_by_position, recipes_by_position in ways:
+        ways += [(keep_by_position.replace(")", f", {stub} stubbed)"), keep_apart, True, False,
+                  False, stub) for stub in ("copies", "pack")]
+    for name, policy, parts_by_position, recipes_by_position, windows, stub in ways:
         _eager_budget._PARTS_BY_POSITION = parts_by_position
         _eager_budget._RECIPES_BY_POSITION = recipes_by_position
-        _eager_budget._CATCH_IN_WINDOWS = "caught in windows" in name
+        _eager_budget._CATCH_IN_WINDOWS = windows
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan
         ctx._policies = [_CallPolicy(**policy) for _ in ctx._policies]
-        _stub(ctx, name)
+        _stub(ctx, stub)
         measure(name, ctx)
 
     none = rows[0]["forward_host_ms"]
