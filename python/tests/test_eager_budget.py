@@ -1612,6 +1612,15 @@ def test_each_stretch_of_the_step_is_calibrated_where_it_peaks():
         plain, resident_bytes=gib, offset_bytes=offset)["nodes"])
 
 
+def _extra_specs(ctx) -> list:
+    """Where the context's learned templates catch their extra inputs (_ExtraSpec)."""
+    from spillway.activations import _recipes
+
+    return [ref.spec for k in ctx._save_parts for row in ctx._save_parts[k][1]
+            if row[3] is not None for ref in row[3].reads
+            if isinstance(ref, _recipes._ExtraRef)]
+
+
 @pytest.mark.parametrize("saved, cheap, linear", [("keep", "recompute", None),
                                                   ("offload", "recompute", "recompute")])
 def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
@@ -1649,9 +1658,7 @@ def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
         assert stats["parts_departed"] == 0
         if way == "windows":
             blocks = [m for _, m in ctx._blocks]
-            specs = [ref.spec for k in ctx._save_parts for row in ctx._save_parts[k][1]
-                     if row[3] is not None for ref in row[3].reads
-                     if isinstance(ref, _recipes._ExtraRef)]
+            specs = _extra_specs(ctx)
             assert specs and all(s.window is not None and s.window[0] not in blocks
                                  and isinstance(s.window[0], type(blocks[0].input_layernorm))
                                  for s in specs)
@@ -1665,7 +1672,7 @@ def test_an_extra_input_taken_in_the_block_itself_is_caught_block_wide(
     """Note [Catching in a window]: an extra input taken by the block's own forward (not
     in a submodule: _SwitchBlock's h.float()) has no window and is caught across the call
     as before, written in place after it was caught included (the call departs)."""
-    from spillway.activations import _eager_budget, _recipes
+    from spillway.activations import _eager_budget
 
     monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", True)
     work = _switch_work(torch.bfloat16)
@@ -1673,9 +1680,7 @@ def test_an_extra_input_taken_in_the_block_itself_is_caught_block_wide(
     extras = _count_extra_packs(monkeypatch)
     _steps_under(work, ctx, 2, "keep", cheap="recompute")  # learns, binds
     assert extras[0] > 0 and ctx.stats()["recipes_by_position"] > 0
-    specs = [ref.spec for k in ctx._save_parts for row in ctx._save_parts[k][1]
-             if row[3] is not None for ref in row[3].reads
-             if isinstance(ref, _recipes._ExtraRef)]
+    specs = _extra_specs(ctx)
     assert specs and all(s.window is None for s in specs)
     for block in work.model.blocks:
         block.mutate = True
