@@ -285,16 +285,6 @@ def run_one(method: str, args) -> dict:
         result["times_ms"].append(ms)
         if replay is not None and k >= 2:  # each replayed step's own counts
             result.setdefault("replay_steps", []).append(replay.stats())
-            if plan is not None and plan["forecast"]["host_busy_ms"] > 0:
-                # The host updates' speed in this step: the bytes the plan gave them (its
-                # busy time at the speed it was made for) over the time they took here
-                # (stats() counts since the replay began).
-                steps = result["replay_steps"]
-                busy = steps[-1]["host_busy_ms"] - (steps[-2]["host_busy_ms"]
-                                                    if len(steps) > 1 else 0.0)
-                planned = plan["forecast"]["host_busy_ms"] * result["host_adamw_gbs"]
-                result.setdefault("host_adamw_gbs_in_step", []).append(
-                    planned / busy if busy > 0 else None)
             result.setdefault("on_demand_steps", []).append(replay.on_demand_copies())
         if device.type == "cuda" and k >= (3 if kind == "spillway" else 2):
             # Every step after the first two; for spillway every step under the plan
@@ -306,6 +296,16 @@ def run_one(method: str, args) -> dict:
         result.setdefault("replay", replay.stats())
         result["memory"] = _memory_against_forecast(replay, plan)
         replay.__exit__(None, None, None)  # everything back on the device
+        if plan["forecast"]["host_busy_ms"] > 0:
+            # The host updates' speed in each step under the plan (the fourth step on): the
+            # bytes the plan gave them (its busy time at the speed it was made for) over the
+            # time the updates that step submitted took, however far into the next step
+            # they ran (all have finished once the replay is left).
+            planned = plan["forecast"]["host_busy_ms"] * result["host_adamw_gbs"]
+            busy = replay.host_busy_ms_by_step()
+            result["host_adamw_gbs_in_step"] = [
+                planned / busy[i] if busy.get(i, 0) > 0 else None
+                for i in range(len(result["times_ms"]) - 3)]
         f = plan["forecast"]
         result["forecast"] = {"step_ms": f["step_ms"], "peak_bytes": f["peak_bytes"],
                               "budget_bytes": plan["budget_bytes"], "gaps": len(plan["gaps"]),
@@ -332,8 +332,8 @@ def run_one(method: str, args) -> dict:
                                                     result["issue_ms"])
     if len(times) >= 3:
         result["third_step_ms"] = times[first - 1] if len(times) >= first else times[2]
-    # The host updates' speed over the same steps (their list starts at the third step).
-    ran = [g for g in ([None, None] + result.get("host_adamw_gbs_in_step", []))[steady] if g]
+    # The host updates' speed over the same steps (their list starts at the fourth step).
+    ran = [g for g in ([None] * 3 + result.get("host_adamw_gbs_in_step", []))[steady] if g]
     if ran:
         result["host_adamw_gbs_ran"] = statistics.median(ran)
     return result

@@ -275,6 +275,8 @@ class Replay(TorchDispatchMode):
                        # planned copies back of parameters whose host update was still
                        # running: issued once it is done, the host not waiting
                        "deferred_copies": 0}
+        # host_busy_ms by the step (its index in "steps") whose backward submitted them
+        self._busy_by_step: dict[int, float] = {}
         self._entered = False
         self._record_next = False
         self._diverged_in_a_row = 0
@@ -465,6 +467,13 @@ class Replay(TorchDispatchMode):
 
     def stats(self) -> dict:
         return dict(self._stats, away=len(self._off), cpp_ops=self._fast.quiet_ops)
+
+    def host_busy_ms_by_step(self) -> dict[int, float]:
+        """The host AdamW worker's ms by the step that submitted the updates (0 = the first
+        step under this replay), however far into the next step they ran: complete for a
+        step once the updates were waited for (a later step used the parameters, or the
+        replay was left)."""
+        return dict(self._busy_by_step)
 
     def on_demand_copies(self) -> list[tuple[int, int, str, int, str]]:
         """The copies back the plan did not foresee in the last step (the first 64): (op
@@ -868,11 +877,11 @@ class Replay(TorchDispatchMode):
             threading.Thread(target=self._work, name="spillway-replay-host-adamw",
                              daemon=True).start()
         device = self._storage(p).device
-        self._jobs.put((p, g, m1, m2, hyper, events, p.step, device))
+        self._jobs.put((p, g, m1, m2, hyper, events, p.step, device, self._stats["steps"]))
 
     def _work(self) -> None:
         while True:
-            p, g, m1, m2, hyper, events, step, device = self._jobs.get()
+            p, g, m1, m2, hyper, events, step, device, submitted_in = self._jobs.get()
             try:
                 for event in events:
                     event.synchronize()
@@ -880,7 +889,10 @@ class Replay(TorchDispatchMode):
                     began = time.perf_counter()
                     _host_adamw(self._host_form, p.host, g.host, m1.host, m2.host, hyper, step,
                                 device)
-                    self._stats["host_busy_ms"] += (time.perf_counter() - began) * 1e3
+                    ms = (time.perf_counter() - began) * 1e3
+                    self._stats["host_busy_ms"] += ms
+                    self._busy_by_step[submitted_in] = self._busy_by_step.get(submitted_in,
+                                                                              0.0) + ms
             except BaseException as e:  # reported by the main thread
                 self._worker_error = e
             finally:
