@@ -1432,6 +1432,61 @@ def test_nothing_of_a_step_outlives_it(cheap, no_leaks):
     assert new() == []
 
 
+def _weights_now(model) -> tuple[set, dict]:
+    """What the contexts read of the model's weights, walked afresh: their storages, and
+    (storage object, dtype, shape) by data pointer."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    tensors = [*model.parameters(), *model.buffers()]
+    return ({StorageWeakRef(t.untyped_storage()) for t in tensors},
+            {t.untyped_storage().data_ptr(): (t.untyped_storage()._cdata, t.dtype, t.shape)
+             for t in tensors})
+
+
+def test_weights_changed_between_steps_are_read_again_bit_exactly(no_leaks, linear_recipes,
+                                                                  recipes_by_position):
+    """Note [Weights between calls] (_model_weights.py): the contexts reuse what they last
+    read of the model's weights until a weight is replaced, its .data reassigned, the
+    model converted (and back: the new storages may land where the old ones were), or a
+    buffer added; after each, a step that rebuilds by position (its linear recipes read
+    the weights) is bit-equal to a plain one, and what the context holds equals a fresh
+    walk. A step changing nothing (the optimizer writes in place) walks nothing."""
+    from spillway.activations._eager_budget import _CallPolicy
+
+    work = _named_work("llama-bf16")
+    model = work.model
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    ctx._policies = [_CallPolicy(False, True, False, lag=0, cheap="recompute",
+                                 linear="recompute") for _ in ctx._policies]
+    mlp = model.model.layers[1].mlp
+
+    def replace():
+        mlp.up_proj.weight = torch.nn.Parameter(mlp.up_proj.weight.detach() * 0.5)
+
+    def reassign():
+        mlp.gate_proj.weight.data = mlp.gate_proj.weight.data.clone() * 0.5
+
+    def convert_and_back():
+        model.float()
+        model.bfloat16()
+
+    def add_buffer():
+        mlp.register_buffer("extra", torch.zeros(3, dtype=torch.bfloat16))
+
+    changes = [("nothing", lambda: None), ("replace", replace), ("reassign", reassign),
+               ("convert and back", convert_and_back), ("add a buffer", add_buffer)]
+    for name, change in [("nothing", lambda: None)] + changes:  # the first learns by position
+        walks = ctx._weights.walks
+        change()
+        _run(work, ctx, steps=1)
+        storages, by_ptr = _weights_now(model)
+        held = {ptr: (t.untyped_storage()._cdata, t.dtype, t.shape)
+                for ptr, t in ctx._weights.by_ptr().items()}
+        assert ctx._weights.storages() == storages and held == by_ptr, name
+        assert ctx._weights.walks == walks + (name != "nothing"), name
+    assert ctx.stats()["recipes_by_position"] > 0
+
+
 # The latest run of T1's eager curve (bench/results, v18 on the H200, the README's figures):
 # its plans, made again.
 MEASURED_EAGER_RUN = (pathlib.Path(__file__).resolve().parents[2] /

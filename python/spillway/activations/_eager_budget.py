@@ -793,8 +793,7 @@ class BudgetedOffload(eager.OffloadActivations):
     def _params_by_ptr(self) -> dict[int, torch.Tensor]:
         """The model's parameters and buffers by data pointer (once per model call)."""
         if self._params is None:
-            self._params = {t.untyped_storage().data_ptr(): t.detach()
-                            for t in (*self._model.parameters(), *self._model.buffers())}
+            self._params = self._weights.by_ptr()  # Note [Weights between calls]
         return self._params
 
     def _recorded_call(self, module, ordinal: int, policy: _CallPolicy, original, args,

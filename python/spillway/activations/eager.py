@@ -95,6 +95,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from spillway import ops
 from spillway._device import parse_device, usable_device
 from spillway._device import shown as _shown
+from spillway.activations._model_weights import ModelWeights
 from spillway.activations._module_labels import leaf_name, module_labels
 from spillway.activations._eager_store import _Entry, _Handle, _Kept, _Layer, version_witness
 
@@ -391,7 +392,9 @@ class OffloadActivations:
         self._outer: OffloadActivations | None = None  # the spillway context entered before
         self._warned_cpu = False
         self._module_hooks = []
-        self._param_storages: set = set()
+        self._param_storages: frozenset | set = set()
+        # The model's weights between steps (Note [Weights between calls]).
+        self._weights = ModelWeights(model)
         self._entries: dict = {}  # StorageWeakRef -> weakref(_Entry), storages offloaded
         self._layers: dict[int, _Layer] = {}
         self._pending: collections.deque[_Layer] = collections.deque()  # forward waits due
@@ -436,11 +439,9 @@ class OffloadActivations:
             self._active = True
             return self
         self._inactive = None
-        self._param_storages = {
-            StorageWeakRef(t.untyped_storage())
-            for t in itertools.chain(self._model.parameters(), self._model.buffers())}
+        self._param_storages = self._weights.storages()
         if self._outer is not None:  # weights shared with the outer model stay too
-            self._param_storages |= self._outer._param_storages
+            self._param_storages = self._param_storages | self._outer._param_storages
         self._module_hooks = [self._model.register_forward_pre_hook(self._on_model_call)]
         for _, module in self._scope:
             self._module_hooks.append(module.register_forward_pre_hook(self._on_layer_start))
