@@ -278,7 +278,6 @@ class _CallPolicy:
     checkpoint: bool
     offload_saved: bool
     offload_input: bool
-    input_keys: frozenset = frozenset()
     lag: int | None = None  # the release lag of what the call offloads; None: the context's
     # The rebuildable saved tensors (_recipes.py), cheap and linear (Note [Linear
     # recipes]): None: as the rest; "keep" | "offload" | "recompute" otherwise. A call
@@ -550,7 +549,8 @@ class BudgetedOffload(eager.OffloadActivations):
         self._pass_mode = "plain"
         self._call_ordinal = 0
         self._call_state = None  # (ordinal, mode, policy) of the block call whose forward is next
-        self._layer_policy: dict[int, _CallPolicy] = {}
+        # Per offloading block call (its layer's index): its policy and its input's storages.
+        self._layer_policy: dict[int, tuple[_CallPolicy, frozenset]] = {}
         self._saved_forwards: list = []
         self._warned_cache = False
         # The block call running under a Recorder (plan mode, a policy with `cheap` or
@@ -739,7 +739,7 @@ class BudgetedOffload(eager.OffloadActivations):
                                   or policy.offload_cheap or policy.offload_linear):
             return False
         keys = frozenset(k for k in map(storage_key, _tensors(args)) if k is not None)
-        self._layer_policy[self._next_layer] = dataclasses.replace(policy, input_keys=keys)
+        self._layer_policy[self._next_layer] = (policy, keys)
         return True
 
     def _skip_reason(self, t):
@@ -747,9 +747,9 @@ class BudgetedOffload(eager.OffloadActivations):
         if reason == "outside_scope" and self._pass_mode == "profile":
             self._count_outside(t)
         elif reason is None:
-            policy = self._layer_policy.get(self._current.index)
+            policy, input_keys = self._layer_policy.get(self._current.index, (None, None))
             if policy is not None:
-                is_input = storage_key(t) in policy.input_keys
+                is_input = storage_key(t) in input_keys
                 part = self._packing_part
                 offload = (policy.offload_input if is_input else
                            policy.offload_cheap if part == "cheap" else
@@ -1405,7 +1405,7 @@ class BudgetedOffload(eager.OffloadActivations):
                     None)
 
     def _release_lag(self, layer) -> int:
-        policy = self._layer_policy.get(layer.index)
+        policy, _ = self._layer_policy.get(layer.index, (None, None))
         if policy is None or policy.lag is None:
             return self._lag
         return policy.lag
