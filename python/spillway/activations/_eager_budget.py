@@ -544,7 +544,7 @@ class BudgetedOffload(eager.OffloadActivations):
         _warm_checkpoint()
         self._clock = _Clock(self._device)
         self.plan: EagerBudgetPlan | None = None
-        self._policies: list[_CallPolicy] = []
+        self._policies = []  # per block call of a planned step (the property's setter)
         self._recording: _Recording | None = None
         self._pass_mode = "plain"
         self._call_ordinal = 0
@@ -577,6 +577,19 @@ class BudgetedOffload(eager.OffloadActivations):
         self._head_late: frozenset[int] = frozenset()
         self._head_layer: _Layer | None = None
         self._head_saves = 0
+
+    @property
+    def _policies(self) -> list[_CallPolicy]:
+        return self._call_policies
+
+    @_policies.setter
+    def _policies(self, policies: list[_CallPolicy]) -> None:
+        # Set as a whole (the plan, or tests and benches by hand), never changed in place:
+        # what every block call of a step would otherwise ask of the whole list is read
+        # here, once.
+        self._call_policies = policies
+        self._any_offloads = any(
+            p.offload_saved or p.offload_input or p.offload_cheap for p in policies)
 
     # ---- context ------------------------------------------------------------
 
@@ -732,8 +745,8 @@ class BudgetedOffload(eager.OffloadActivations):
         ordinal = self._call_ordinal
         self._call_ordinal += 1
         policy = None
-        if self._pass_mode == "plan" and ordinal < len(self._policies):
-            policy = self._policies[ordinal]
+        if self._pass_mode == "plan" and ordinal < len(self._call_policies):
+            policy = self._call_policies[ordinal]
         self._call_state = (ordinal, self._pass_mode, policy)
         if policy is None or not (policy.offload_saved or policy.offload_input
                                   or policy.offload_cheap or policy.offload_linear):
@@ -848,9 +861,12 @@ class BudgetedOffload(eager.OffloadActivations):
                 self._recomputed["recipes_by_position"] += parts.bound
 
     def _pack(self, t):
-        head = self._head_save(t)
-        if head is not None:
-            return head
+        # A planned step has nothing for _head_save before its head's layer begins: most
+        # saves skip the call.
+        if self._head_layer is not None or self._pass_mode != "plan":
+            head = self._head_save(t)
+            if head is not None:
+                return head
         recipes = self._recipes
         if recipes is None or self._in_backward():
             return super()._pack(t)
@@ -972,8 +988,7 @@ class BudgetedOffload(eager.OffloadActivations):
         before it: the store's own trigger, an unpack, only fires in calls that offloaded
         something, and a kept or checkpointed call between them must trigger too."""
         layer = self._current
-        if layer is None or self._prefetch == 0 or not any(
-                p.offload_saved or p.offload_input or p.offload_cheap for p in self._policies):
+        if layer is None or self._prefetch == 0 or not self._any_offloads:
             return
         grad_output = next((t for t in _tensors(out) if t.requires_grad), None)
         if grad_output is not None:
