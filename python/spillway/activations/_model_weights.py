@@ -72,11 +72,12 @@ class ModelWeights:
             self._by_ptr = {t.untyped_storage().data_ptr(): t.detach() for t in self._tensors}
         return self._by_ptr
 
-    def _objects(self) -> list | None:
-        """Each module reachable through _modules (breadth first), followed by its
-        parameters and buffers (Nones too): read without nn.Module's generators, a
-        quarter of their time. None where the tree looks cyclic."""
-        modules, objects = [self._model], []
+    def _objects(self) -> tuple[list, list] | None:
+        """Each module reachable through _modules (breadth first) followed by its
+        parameters and buffers (Nones too), and those parameters and buffers (no Nones):
+        read without nn.Module's generators, in a quarter of their time. None where the
+        tree looks cyclic."""
+        modules, objects, tensors = [self._model], [], []
         for m in modules:  # grows while read
             objects.append(m)
             children = m._modules
@@ -84,16 +85,18 @@ class ModelWeights:
                 modules += [c for c in children.values() if c is not None]
                 if len(modules) > self._limit:
                     return None
-            objects += m._parameters.values()
-            objects += m._buffers.values()
-        return objects
+            weights = (*m._parameters.values(), *m._buffers.values())
+            objects += weights
+            tensors += weights
+        return objects, [t for t in tensors if t is not None]
 
     def _fingerprint(self) -> tuple | None:
         """Point 1's ids and point 2's (storage, data pointer) pairs; None: walk."""
-        objects = self._objects()
-        if objects is None:
+        found = self._objects()
+        if found is None:
             return None
-        storages = [t.untyped_storage() for t in objects if isinstance(t, torch.Tensor)]
+        objects, tensors = found
+        storages = [t.untyped_storage() for t in tensors]
         return list(map(id, objects)), [(s._cdata, s.data_ptr()) for s in storages]
 
     def _refresh(self) -> None:
@@ -113,8 +116,8 @@ class ModelWeights:
         self._seen = None
         # nn.Module.modules() counts a module registered twice once, _fingerprint twice.
         self._limit = 4 * sum(1 for _ in self._model.modules()) + 64
-        objects = self._objects()
-        if objects is None:
+        found = self._objects()
+        if found is None:
             return  # never reused: every call walks
-        self._refs = [weakref.ref(obj, deaths.died) for obj in objects if obj is not None]
+        self._refs = [weakref.ref(obj, deaths.died) for obj in found[0] if obj is not None]
         self._seen = self._fingerprint()
