@@ -568,6 +568,8 @@ class BudgetedOffload(eager.OffloadActivations):
         # filled.
         self._save_parts: dict[int, tuple[_CallPolicy, list[tuple] | None]] = {}
         self._learning: list[tuple] | None = None
+        # Per block call: (a table of _save_parts, _CATCH_IN_WINDOWS, SaveParts.needs_of).
+        self._save_needs: dict[int, tuple] = {}
         self._block_host_ms: dict[int, float] = {}  # stats(): per block call ordinal
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
         # Note [The head's late tensors]: the plan offloads them (from the profile: the
@@ -840,8 +842,14 @@ class BudgetedOffload(eager.OffloadActivations):
 
     def _call_by_position(self, ordinal: int, table: list, policy: _CallPolicy, original, args,
                           kwargs):
+        # What the table's templates read, worked out at its first call (SaveParts.needs_of;
+        # the table is held, so `is` names it).
+        known = self._save_needs.get(ordinal)
+        if known is None or known[0] is not table or known[1] != _CATCH_IN_WINDOWS:
+            known = (table, _CATCH_IN_WINDOWS, SaveParts.needs_of(table, _CATCH_IN_WINDOWS))
+            self._save_needs[ordinal] = known
         parts = SaveParts(table, self._params_by_ptr(), self._pack_extra,
-                          by_window=_CATCH_IN_WINDOWS)
+                          by_window=_CATCH_IN_WINDOWS, needs=known[2])
         self._recipes = (parts, policy)
         handles = parts.watch()
         try:

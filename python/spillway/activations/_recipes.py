@@ -211,7 +211,7 @@ class SaveParts:
                  "nodes", "checked", "chains", "caught", "windows")
 
     def __init__(self, table: list[tuple], params: dict | None = None, pack_extra=None,
-                 by_window: bool = False):
+                 by_window: bool = False, needs: tuple | None = None):
         self.table = table
         self.at = 0  # saves matched so far
         self.departed = False
@@ -219,10 +219,9 @@ class SaveParts:
         self.pack_extra = pack_extra
         self.results = _Results()  # as RecipeScope.results
         self.bound = 0  # recipes bound so far
-        templates = [entry[3] for entry in table if entry[3] is not None]
-        # The positions a template reads or checks: their packed objects and grad_fns.
-        self.needed = frozenset(ref.position for tp in templates for ref in tp.reads
-                                if isinstance(ref, _SaveRef))
+        # What the table's templates read (needs_of): the same at every call of one table,
+        # so the caller may pass what an earlier call of it was given.
+        self.needed, wanted, self.windows = needs or SaveParts.needs_of(table, by_window)
         self.packed: dict[int, object] = {}
         self.targets: dict[int, tuple] = {}
         self.extras_packed: dict[int, object] = {}
@@ -232,25 +231,33 @@ class SaveParts:
         self.chains: dict[int, list] = {}  # a bound root (id, in nodes) -> its chain
         # The extra inputs caught so far: _ExtraRef -> (tensor, version, grad_fn, nr).
         self.caught: dict = {}
-        # What the catchers want (func -> ordinal -> [_ExtraRef]): the block call's, and
-        # with by_window each submodule call's (Note [Catching in a window]), by module
-        # (id) -> (module, {its call number: wanted}).
+        self.catcher = _Catcher(wanted, self.caught) if wanted else None
+
+    @staticmethod
+    def needs_of(table: list[tuple], by_window: bool = False) -> tuple:
+        """(the positions a template reads or checks: their packed objects and grad_fns;
+        what the catchers want, func -> ordinal -> [_ExtraRef]: the block call's; with
+        by_window each submodule call's (Note [Catching in a window]), by module (id) ->
+        (module, {its call number: wanted})). Read only: shared by the calls of a table."""
+        templates = [entry[3] for entry in table if entry[3] is not None]
+        needed = frozenset(ref.position for tp in templates for ref in tp.reads
+                           if isinstance(ref, _SaveRef))
         wanted: dict = {}
-        self.windows: dict[int, tuple] = {}
+        windows: dict[int, tuple] = {}
         for tp in templates:
             for ref in tp.reads:
                 if isinstance(ref, _ExtraRef):
                     spec = ref.spec
                     if by_window and spec.window is not None:
                         module, entry, ordinal = spec.window
-                        calls = self.windows.setdefault(id(module), (module, {}))[1]
+                        calls = windows.setdefault(id(module), (module, {}))[1]
                         at = calls.setdefault(entry, {}).setdefault(spec.func, {})
                         at = at.setdefault(ordinal, [])
                     else:
                         at = wanted.setdefault(spec.func, {}).setdefault(spec.ordinal, [])
                     if ref not in at:
                         at.append(ref)
-        self.catcher = _Catcher(wanted, self.caught) if wanted else None
+        return needed, wanted, windows
 
     def watch(self) -> list:
         """Note [Catching in a window]: hooks on the submodules whose calls made the
