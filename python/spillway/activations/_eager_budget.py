@@ -549,7 +549,8 @@ class BudgetedOffload(eager.OffloadActivations):
         self._pass_mode = "plain"
         self._call_ordinal = 0
         self._call_state = None  # (ordinal, mode, policy) of the block call whose forward is next
-        # Per offloading block call (its layer's index): its policy and its input's storages.
+        # Per offloading block call (its layer's index): its policy and its input's storages
+        # (_select_layer).
         self._layer_policy: dict[int, tuple[_CallPolicy, frozenset]] = {}
         self._saved_forwards: list = []
         self._warned_cache = False
@@ -753,7 +754,11 @@ class BudgetedOffload(eager.OffloadActivations):
         if policy is None or not (policy.offload_saved or policy.offload_input
                                   or policy.offload_cheap or policy.offload_linear):
             return False
-        keys = frozenset(k for k in map(storage_key, _tensors(args)) if k is not None)
+        # The input storages' addresses (UntypedStorage._cdata, as StorageWeakRef.cdata):
+        # _skip_reason reads them only while this call runs, whose caller holds its inputs,
+        # so no other storage can have one of them; comparing ints spares a StorageWeakRef
+        # per save.
+        keys = frozenset(k.cdata for k in map(storage_key, _tensors(args)) if k is not None)
         self._layer_policy[self._next_layer] = (policy, keys)
         return True
 
@@ -764,11 +769,14 @@ class BudgetedOffload(eager.OffloadActivations):
         elif reason is None:
             policy, input_keys = self._layer_policy.get(self._current.index, (None, None))
             if policy is not None:
-                is_input = storage_key(t) in input_keys
                 part = self._packing_part
-                offload = (policy.offload_input if is_input else
-                           policy.offload_cheap if part == "cheap" else
+                offload = (policy.offload_cheap if part == "cheap" else
                            policy.offload_linear if part == "linear" else policy.offload_saved)
+                # A save sharing the call's input's storage goes as the input; asked only
+                # where that differs. (A storage without bytes has no key: not the input.)
+                if (policy.offload_input != offload
+                        and t.untyped_storage()._cdata in input_keys):
+                    offload = policy.offload_input
                 if not offload:
                     reason = "layer_not_selected"  # the plan keeps this part of the layer
         return reason
