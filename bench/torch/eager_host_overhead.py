@@ -24,7 +24,9 @@ median of --steps after warm-up), each the same work but for the hooks:
   same with C_k and L_k rebuilt (recipes), the block checkpointed, the first two
   again by position (Notes [Parts by position] and [Recipes by position], _recipes.py:
   no Recorder), and the rebuild by position with its extra inputs caught in the
-  submodule calls that take them (Note [Catching in a window], _CATCH_IN_WINDOWS).
+  submodule calls that take them (Note [Catching in a window], _CATCH_IN_WINDOWS);
+  the by-position keep and the windowed rebuild again with what the contexts find
+  unchanged between calls kept (Note [A leaner host path], eager._LEAN_HOST).
 
 Printed: host ms per forward, the difference to `none` per block call and per saved
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
@@ -141,6 +143,7 @@ def main() -> int:
     import torch
 
     from spillway.activations._eager_budget import _CallPolicy
+    from spillway.activations import eager
     from spillway.activations.eager import offload_activations
 
     cuda = args.device.startswith("cuda")
@@ -172,26 +175,31 @@ def main() -> int:
     rebuild = dict(keep_apart, cheap="recompute", linear="recompute")
     keep_by_position = "plan, offload S_k, keep C_k and L_k (by position)"
     rebuild_by_position = "plan, offload S_k, rebuild C_k and L_k (by position)"
+    windows = rebuild_by_position.replace(")", ", caught in windows)")
     ways = [  # (name, the policy of every block call, Notes [Parts by position] and
-        # [Recipes by position], [Catching in a window], --ablate's stub or None)
+        # [Recipes by position], [Catching in a window], [A leaner host path], --ablate's
+        # stub or None)
         ("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart, False, False, False,
-         None),
+         False, None),
         ("plan, offload S_k, rebuild C_k and L_k (recorded)", rebuild, False, False, False,
-         None),
+         False, None),
         ("plan, checkpoint", dict(checkpoint=True, offload_saved=False, offload_input=False),
-         False, False, False, None),
-        (keep_by_position, keep_apart, True, False, False, None),
-        (rebuild_by_position, rebuild, True, True, False, None),
-        (rebuild_by_position.replace(")", ", caught in windows)"), rebuild, True, True, True,
+         False, False, False, False, None),
+        (keep_by_position, keep_apart, True, False, False, False, None),
+        (rebuild_by_position, rebuild, True, True, False, False, None),
+        (windows, rebuild, True, True, True, False, None),
+        (keep_by_position.replace(")", ", lean host)"), keep_apart, True, False, False, True,
          None),
+        (windows.replace(")", ", lean host)"), rebuild, True, True, True, True, None),
     ]
     if args.ablate:
         ways += [(keep_by_position.replace(")", f", {stub} stubbed)"), keep_apart, True, False,
-                  False, stub) for stub in ("copies", "pack")]
-    for name, policy, parts_by_position, recipes_by_position, windows, stub in ways:
+                  False, False, stub) for stub in ("copies", "pack")]
+    for name, policy, parts_by_position, recipes_by_position, windows, lean, stub in ways:
         _eager_budget._PARTS_BY_POSITION = parts_by_position
         _eager_budget._RECIPES_BY_POSITION = recipes_by_position
         _eager_budget._CATCH_IN_WINDOWS = windows
+        eager._LEAN_HOST = lean
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan

@@ -1444,15 +1444,18 @@ def _weights_now(model) -> tuple[set, dict]:
 
 
 def test_weights_changed_between_steps_are_read_again_bit_exactly(no_leaks, linear_recipes,
-                                                                  recipes_by_position):
+                                                                  recipes_by_position,
+                                                                  monkeypatch):
     """Note [Weights between calls] (_model_weights.py): the contexts reuse what they last
     read of the model's weights until a weight is replaced, its .data reassigned, the
     model converted (and back: the new storages may land where the old ones were), or a
     buffer added; after each, a step that rebuilds by position (its linear recipes read
     the weights) is bit-equal to a plain one, and what the context holds equals a fresh
     walk. A step changing nothing (the optimizer writes in place) walks nothing."""
+    from spillway.activations import eager
     from spillway.activations._eager_budget import _CallPolicy
 
+    monkeypatch.setattr(eager, "_LEAN_HOST", True)  # Note [A leaner host path]
     work = _named_work("llama-bf16")
     model = work.model
     ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
@@ -1684,8 +1687,9 @@ def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
     where each norm's bf16 input was taken (the norm's call, its first T.to) and catch it
     there only: bit-equal to the Recorder's step, the same tensors rebuilt and extra
     inputs packed, every recipe bound, and the catchers see a fraction of the block's
-    torch calls (a block-wide _Catcher sees all of them)."""
-    from spillway.activations import _eager_budget, _recipes
+    torch calls (a block-wide _Catcher sees all of them). With Note [A leaner host path]
+    (eager._LEAN_HOST) too: the same bits, the same counts."""
+    from spillway.activations import _eager_budget, _recipes, eager
 
     seen = [0]
     catch = _recipes._Catcher.__torch_function__
@@ -1699,9 +1703,10 @@ def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
     extras = _count_extra_packs(monkeypatch)
     parts = dict(cheap=cheap) if linear is None else dict(cheap=cheap, linear=linear)
     done, calls = {}, {}
-    for way in ("recorder", "block-wide", "windows"):
+    for way in ("recorder", "block-wide", "windows", "lean"):
         monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", way != "recorder")
-        monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", way == "windows")
+        monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", way in ("windows", "lean"))
+        monkeypatch.setattr(eager, "_LEAN_HOST", way == "lean")
         ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
         _steps_under(work, ctx, 1, saved, **parts)  # learns (by position), or not
         before, extras[0], seen[0] = ctx.stats(), 0, 0
@@ -1717,9 +1722,10 @@ def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
             assert specs and all(s.window is not None and s.window[0] not in blocks
                                  and isinstance(s.window[0], type(blocks[0].input_layernorm))
                                  for s in specs)
-    assert done["windows"] == done["block-wide"] == done["recorder"], done
+    assert done["lean"] == done["windows"] == done["block-wide"] == done["recorder"], done
     assert done["windows"][3] > 0  # the norms' bf16 inputs, held for their float copies
     assert 0 < 3 * calls["windows"] < calls["block-wide"], calls
+    assert calls["lean"] == calls["windows"], calls
 
 
 def test_an_extra_input_taken_in_the_block_itself_is_caught_block_wide(

@@ -23,3 +23,5 @@ def test_host_bench_ablate_rows(tmp_path):
     assert copies["tensors_seen"] == rows[keep]["tensors_seen"] > 0  # the same saves, no copy
     assert pack["tensors_seen"] == 0  # the stub counts nothing: no store ran
     assert all(r["forward_host_ms"] > 0 for r in rows.values())
+    lean = rows[keep.replace(")", ", lean host)")]  # Note [A leaner host path]
+    assert lean["tensors_seen"] == rows[keep]["tensors_seen"]

@@ -591,8 +591,8 @@ class BudgetedOffload(eager.OffloadActivations):
         # what every block call of a step would otherwise ask of the whole list is read
         # here, once.
         self._call_policies = policies
-        self._any_offloads = any(
-            p.offload_saved or p.offload_input or p.offload_cheap for p in policies)
+        self._any_offloads = any(p.offload_saved or p.offload_input or p.offload_cheap
+                                 or p.offload_linear for p in policies)
 
     # ---- context ------------------------------------------------------------
 
@@ -852,7 +852,7 @@ class BudgetedOffload(eager.OffloadActivations):
                           kwargs):
         # What the table's templates read, worked out at its first call (SaveParts.needs_of;
         # the table is held, so `is` names it).
-        known = self._save_needs.get(ordinal)
+        known = self._save_needs.get(ordinal) if eager._LEAN_HOST else None
         if known is None or known[0] is not table or known[1] != _CATCH_IN_WINDOWS:
             known = (table, _CATCH_IN_WINDOWS, SaveParts.needs_of(table, _CATCH_IN_WINDOWS))
             self._save_needs[ordinal] = known
@@ -879,7 +879,8 @@ class BudgetedOffload(eager.OffloadActivations):
     def _pack(self, t):
         # A planned step has nothing for _head_save before its head's layer begins: most
         # saves skip the call.
-        if self._head_layer is not None or self._pass_mode != "plan":
+        if (self._head_layer is not None or self._pass_mode != "plan"
+                or not eager._LEAN_HOST):
             head = self._head_save(t)
             if head is not None:
                 return head

@@ -17,7 +17,9 @@ walk found is reused while:
      resized): the walk's StorageWeakRefs keep those storage objects allocated, so a
      _cdata seen again is the same storage (storage_key's argument, _recipes.py).
 Anything else walks again. Nothing is held strongly but the detached tensors by_ptr()
-hands out, which the budgeted context held between steps before this cache too.
+hands out, which the budgeted context held between steps before this cache too. Kept only
+where eager._LEAN_HOST is on (Note [A leaner host path], eager.py); otherwise every call
+walks, as before.
 """
 
 from __future__ import annotations
@@ -58,15 +60,21 @@ class ModelWeights:
         self._by_ptr: dict | None = None
         self._limit = 0  # modules _fingerprint reads at most (a cycle would never end)
         self.walks = 0  # full walks so far (tests)
+        # False: every call walks, and nothing is kept (the eager contexts' _LEAN_HOST).
+        self.reuse = True
 
     def storages(self) -> frozenset:
         """StorageWeakRefs of every parameter's and buffer's storage."""
+        if not self.reuse:
+            return frozenset(StorageWeakRef(t.untyped_storage()) for t in self._all())
         self._refresh()
         return self._storages
 
     def by_ptr(self) -> dict[int, torch.Tensor]:
         """Every parameter and buffer, detached, by its storage's data pointer (a later
         one of a storage wins). Shared: read it, do not change it."""
+        if not self.reuse:
+            return {t.untyped_storage().data_ptr(): t.detach() for t in self._all()}
         self._refresh()
         if self._by_ptr is None:
             self._by_ptr = {t.untyped_storage().data_ptr(): t.detach() for t in self._tensors}
@@ -106,9 +114,12 @@ class ModelWeights:
                 return
         self._walk()
 
+    def _all(self):
+        return itertools.chain(self._model.parameters(), self._model.buffers())
+
     def _walk(self) -> None:
         self.walks += 1
-        self._tensors = tuple(itertools.chain(self._model.parameters(), self._model.buffers()))
+        self._tensors = tuple(self._all())
         self._storages = frozenset(StorageWeakRef(t.untyped_storage()) for t in self._tensors)
         self._by_ptr = None
         self._deaths = deaths = _Deaths()
