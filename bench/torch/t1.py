@@ -50,7 +50,9 @@ BENCHMARKS.md). Methods:
                          (spillway-eager-budget:0.5); more options after it
                          (spillway-eager-budget:7.1GiB,lag=2,prefetch=2;
                          by_position=0|1 sets Note [Parts by position] for the run;
-                         0 also turns off Note [Recipes by position], which needs it).
+                         0 also turns off Note [Recipes by position], which needs it;
+                         windows=0|1 Note [Catching in a window]; lean=0|1 Note [A
+                         leaner host path]).
                          The first two warm-up steps profile, the plan applies from the
                          third (needs --warmup >= 3). The results carry the plan's
                          forecast beside the measurement (a table of its own).
@@ -508,6 +510,11 @@ def _eager_budget(model, device: str, options: dict, plain):
     if "by_position" in options:  # this method's own subprocess: the flag is its alone
         from spillway.activations import _eager_budget
         _eager_budget._PARTS_BY_POSITION = bool(options.pop("by_position"))
+    if "windows" in options:  # Note [Catching in a window]
+        from spillway.activations import _eager_budget
+        _eager_budget._CATCH_IN_WINDOWS = bool(options.pop("windows"))
+    if "lean" in options:  # Note [A leaner host path]
+        eager._LEAN_HOST = bool(options.pop("lean"))
     ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
 
     def step(ids):
