@@ -26,7 +26,8 @@ median of --steps after warm-up), each the same work but for the hooks:
   no Recorder), and the rebuild by position with its extra inputs caught in the
   submodule calls that take them (Note [Catching in a window], _CATCH_IN_WINDOWS);
   the by-position keep and the windowed rebuild again with what the contexts find
-  unchanged between calls kept (Note [A leaner host path], eager._LEAN_HOST).
+  unchanged between calls kept (Note [A leaner host path], eager._LEAN_HOST), then
+  with their kept saves packed in C++ too (Note [Kept saves in C++], _FAST_KEEP).
 
 Printed: host ms per forward, the difference to `none` per block call and per saved
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
@@ -191,6 +192,10 @@ def main() -> int:
         (keep_by_position.replace(")", ", lean host)"), keep_apart, True, False, False, True,
          None),
         (windows.replace(")", ", lean host)"), rebuild, True, True, True, True, None),
+        (keep_by_position.replace(")", ", lean host, kept in C++)"), keep_apart, True, False,
+         False, "fast", None),
+        (windows.replace(")", ", lean host, kept in C++)"), rebuild, True, True, True, "fast",
+         None),
     ]
     if args.ablate:
         ways += [(keep_by_position.replace(")", f", {stub} stubbed)"), keep_apart, True, False,
@@ -199,7 +204,8 @@ def main() -> int:
         _eager_budget._PARTS_BY_POSITION = parts_by_position
         _eager_budget._RECIPES_BY_POSITION = recipes_by_position
         _eager_budget._CATCH_IN_WINDOWS = windows
-        eager._LEAN_HOST = lean
+        eager._LEAN_HOST = bool(lean)
+        _eager_budget._FAST_KEEP = lean == "fast"  # Note [Kept saves in C++]
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan

@@ -52,7 +52,7 @@ BENCHMARKS.md). Methods:
                          by_position=0|1 sets Note [Parts by position] for the run;
                          0 also turns off Note [Recipes by position], which needs it;
                          windows=0|1 Note [Catching in a window]; lean=0|1 Note [A
-                         leaner host path]).
+                         leaner host path]; fast=0|1 Note [Kept saves in C++]).
                          The first two warm-up steps profile, the plan applies from the
                          third (needs --warmup >= 3). The results carry the plan's
                          forecast beside the measurement (a table of its own).
@@ -515,6 +515,9 @@ def _eager_budget(model, device: str, options: dict, plain):
         _eager_budget._CATCH_IN_WINDOWS = bool(options.pop("windows"))
     if "lean" in options:  # Note [A leaner host path]
         eager._LEAN_HOST = bool(options.pop("lean"))
+    if "fast" in options:  # Note [Kept saves in C++]
+        from spillway.activations import _eager_budget
+        _eager_budget._FAST_KEEP = bool(options.pop("fast"))
     ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
 
     def step(ids):

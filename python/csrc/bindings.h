@@ -28,6 +28,10 @@ void init_budget(pybind11::module_& m);
 // (replay_dispatch.cc).
 void init_replay(pybind11::module_& m);
 
+// spillway._C.FastKeep, FastTable, FastKept: a block call's kept saves by
+// position, packed in C++ (fast_keep.cc).
+void init_fast_keep(pybind11::module_& m);
+
 // Each edit in order, as JSON; insertions carry their node as `rewritten`'s
 // JSON writer writes it (plan_bindings.cc). Throws Error when an inserted
 // node is missing from `rewritten`.

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_C, m) {
   spillway::python::init_plan(m);
   spillway::python::init_budget(m);
   spillway::python::init_replay(m);
+  spillway::python::init_fast_keep(m);
 }

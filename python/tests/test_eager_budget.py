@@ -1688,7 +1688,8 @@ def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
     there only: bit-equal to the Recorder's step, the same tensors rebuilt and extra
     inputs packed, every recipe bound, and the catchers see a fraction of the block's
     torch calls (a block-wide _Catcher sees all of them). With Note [A leaner host path]
-    (eager._LEAN_HOST) too: the same bits, the same counts."""
+    (eager._LEAN_HOST) too, and then Note [Kept saves in C++]: the same bits, the same
+    counts."""
     from spillway.activations import _eager_budget, _recipes, eager
 
     seen = [0]
@@ -1703,10 +1704,12 @@ def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
     extras = _count_extra_packs(monkeypatch)
     parts = dict(cheap=cheap) if linear is None else dict(cheap=cheap, linear=linear)
     done, calls = {}, {}
-    for way in ("recorder", "block-wide", "windows", "lean"):
+    for way in ("recorder", "block-wide", "windows", "lean", "fast"):
         monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", way != "recorder")
-        monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", way in ("windows", "lean"))
-        monkeypatch.setattr(eager, "_LEAN_HOST", way == "lean")
+        monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS",
+                            way in ("windows", "lean", "fast"))
+        monkeypatch.setattr(eager, "_LEAN_HOST", way in ("lean", "fast"))
+        monkeypatch.setattr(_eager_budget, "_FAST_KEEP", way == "fast")
         ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
         _steps_under(work, ctx, 1, saved, **parts)  # learns (by position), or not
         before, extras[0], seen[0] = ctx.stats(), 0, 0
@@ -1722,10 +1725,11 @@ def test_extra_inputs_caught_in_windows_rebuild_what_the_recorder_would(
             assert specs and all(s.window is not None and s.window[0] not in blocks
                                  and isinstance(s.window[0], type(blocks[0].input_layernorm))
                                  for s in specs)
-    assert done["lean"] == done["windows"] == done["block-wide"] == done["recorder"], done
+    assert (done["fast"] == done["lean"] == done["windows"] == done["block-wide"]
+            == done["recorder"]), done
     assert done["windows"][3] > 0  # the norms' bf16 inputs, held for their float copies
     assert 0 < 3 * calls["windows"] < calls["block-wide"], calls
-    assert calls["lean"] == calls["windows"], calls
+    assert calls["fast"] == calls["lean"] == calls["windows"], calls
 
 
 def test_an_extra_input_taken_in_the_block_itself_is_caught_block_wide(
@@ -1747,3 +1751,60 @@ def test_an_extra_input_taken_in_the_block_itself_is_caught_block_wide(
         block.mutate = True
     _steps_under(work, ctx, 1, "keep", cheap="recompute")
     assert ctx.stats()["parts_departed"] == len(work.model.blocks)
+
+
+@pytest.mark.parametrize("name, saved, cheap, linear", [
+    ("llama-bf16", "offload", "keep", "keep"),
+    ("llama-bf16", "offload", "recompute", "recompute"),
+    ("llama", "keep", "offload", "recompute"),
+    ("gpt2-dropout", "offload", "recompute", None)])
+def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no_leaks,
+                                                  linear_recipes, recipes_by_position,
+                                                  monkeypatch):
+    """Note [Kept saves in C++] (python/csrc/fast_keep.cc): with _FAST_KEEP a call by
+    position keeps in C++ the saves its table's first call by position kept in Python:
+    bit-equal steps with the same statistics as Python's hook alone (the saves seen, why
+    each was kept, what moved and what was rebuilt), most saves never reaching Python;
+    a weight written in place between forward and backward fails backward as autograd
+    would."""
+    from spillway.activations import _eager_budget
+
+    pack = _eager_budget.BudgetedOffload._pack
+    in_python = [0]
+
+    def counting(ctx, t):
+        in_python[0] += 1
+        return pack(ctx, t)
+
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_pack", counting)
+    parts = dict(cheap=cheap) if linear is None else dict(cheap=cheap, linear=linear)
+    work = _named_work(name)
+    seen, python = {}, {}
+    for fast in (False, True):
+        monkeypatch.setattr(_eager_budget, "_FAST_KEEP", fast)
+        ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+        _steps_under(work, ctx, 2, saved, **parts)  # learns: the Recorder, then C++
+        before, in_python[0] = ctx.stats(), 0
+        moved = _steps_under(work, ctx, 2, saved, **parts)
+        after = ctx.stats()
+        python[fast] = in_python[0]
+        seen[fast] = (moved, {k: after[k] - before[k] for k in (
+            "tensors_seen", "tensors_offloaded", "storages_offloaded", "bytes_offloaded",
+            "parts_by_position", "recipes_by_position", "parts_departed")},
+            {r: after["skipped"][r] - before["skipped"][r] for r in after["skipped"]})
+    assert seen[True] == seen[False], seen
+    assert seen[True][1]["parts_by_position"] > 0 and seen[True][1]["parts_departed"] == 0
+    tables = [table for _, table in ctx._fast_tables.values()]
+    assert tables and all(t.learned for t in tables) and sum(t.kept for t in tables) > 0
+    assert 0 < python[True] < python[False], python
+    # A weight written in place after it was saved: backward fails (a kept save's check).
+    block = ctx._blocks[1][1]
+    weight = next(p for p in block.parameters() if p.dim() == 2)
+    torch.manual_seed(5)
+    with ctx:
+        loss = work.loss()
+    with torch.no_grad():
+        weight.mul_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    del loss

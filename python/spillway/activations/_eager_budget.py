@@ -102,7 +102,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import checkpoint
 
-from spillway import _budget
+from spillway import _C, _budget
 from spillway.activations import eager
 from spillway.activations._eager_store import _Kept, _Layer
 from spillway.activations._recipes import (RebuildProbe, Recipe, RecipeScope, Recorder, SaveParts,
@@ -141,6 +141,11 @@ _RECIPES_BY_POSITION = True
 # Off until measured on T1 (H100 host, 2026-12-07: with a block-wide _Catcher a bf16 block
 # rebuilding its parts took +3.96 ms of host over a plain forward, keeping them +1.90).
 _CATCH_IN_WINDOWS = False
+# Note [Kept saves in C++] (python/csrc/fast_keep.cc): a call by position keeps the saves
+# its table's first such call kept in C++, where nothing Python's hook reads of them
+# changed. Off until measured on T1.
+_FAST_KEEP = False
+_REASONS = eager._SKIP_REASONS  # FastKeep counts by index
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -571,6 +576,11 @@ class BudgetedOffload(eager.OffloadActivations):
         self._learning: list[tuple] | None = None
         # Per block call: (a table of _save_parts, _CATCH_IN_WINDOWS, SaveParts.needs_of).
         self._save_needs: dict[int, tuple] = {}
+        # Note [Kept saves in C++]: the pack hook (while entered), the one armed for the
+        # block call running by position, and per block call (a table, its FastTable).
+        self._fast = None
+        self._fast_armed = None
+        self._fast_tables: dict[int, tuple] = {}
         self._block_host_ms: dict[int, float] = {}  # stats(): per block call ordinal
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
         # Note [The head's late tensors]: the plan offloads them (from the profile: the
@@ -606,7 +616,24 @@ class BudgetedOffload(eager.OffloadActivations):
                 module.forward = self._forward_of(module, module.forward)
         return self
 
+    def _pack_hook(self):
+        if not _FAST_KEEP:
+            return self._pack
+        # Note [Kept saves in C++]: held while entered (it holds the context's methods).
+        self._fast = _C.FastKeep(self._pack, self._pack_at)
+        self._fast.set_reasons(len(_REASONS))
+        self._fast.set_weights([k.cdata for k in self._param_storages])
+        return self._fast
+
+    def _pack_at(self, t, position: int):
+        """The pack hook for a call's save at `position` (FastKeep counted it)."""
+        recipes = self._recipes
+        if recipes is not None and isinstance(recipes[0], SaveParts) and not recipes[0].departed:
+            recipes[0].at = position
+        return self._pack(t)
+
     def __exit__(self, *exc):
+        self._fast = self._fast_armed = None
         for module, old in reversed(self._saved_forwards):
             if old is _MISSING:
                 module.__dict__.pop("forward", None)
@@ -859,6 +886,14 @@ class BudgetedOffload(eager.OffloadActivations):
         parts = SaveParts(table, self._params_by_ptr(), self._pack_extra,
                           by_window=_CATCH_IN_WINDOWS, needs=known[2])
         self._recipes = (parts, policy)
+        fast = self._fast if _FAST_KEEP else None
+        if fast is not None:  # Note [Kept saves in C++]
+            pair = self._fast_tables.get(ordinal)
+            if pair is None or pair[0] is not table:
+                pair = self._fast_tables[ordinal] = (table, _C.FastTable())
+            inputs = [k.cdata for k in map(storage_key, _tensors(args)) if k is not None]
+            fast.arm(pair[1], self, self._current, inputs)
+            self._fast_armed = fast
         handles = parts.watch()
         try:
             if parts.catcher is None:
@@ -869,6 +904,16 @@ class BudgetedOffload(eager.OffloadActivations):
             self._recipes = None
             for handle in handles:
                 handle.remove()
+            if fast is not None:
+                self._fast_armed = None
+                seen, kept = fast.disarm()
+                if not parts.departed:
+                    parts.at = seen  # every save matched, in C++ or in Python
+                if any(kept):
+                    with self._lock:
+                        self._stats["tensors_seen"] += sum(kept)
+                        for reason, n in zip(_REASONS, kept):
+                            self._stats["skipped"][reason] += n
             if parts.departed:
                 del self._save_parts[ordinal]  # learned again at its next call
             with self._lock:
@@ -898,8 +943,16 @@ class BudgetedOffload(eager.OffloadActivations):
                     return packed
                 scope.depart()  # t and the call's later saves go as the rest
                 part = None
+            self._kept_reason = None
             packed = self._pack_part(t, part)
             scope.saved(t, packed)
+            fast = self._fast_armed
+            if fast is not None:  # Note [Kept saves in C++]
+                if scope.departed:
+                    fast.depart()
+                elif (self._kept_reason is not None and type(packed) is _Kept
+                      and scope.at - 1 not in scope.needed):
+                    fast.note(scope.at - 1, _REASONS.index(self._kept_reason))
             return packed
         if isinstance(t, nn.Parameter):
             self._learned(t, None)

@@ -92,12 +92,13 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from spillway import ops
+from spillway import _C, ops
 from spillway._device import parse_device, usable_device
 from spillway._device import shown as _shown
 from spillway.activations._model_weights import ModelWeights
 from spillway.activations._module_labels import leaf_name, module_labels
-from spillway.activations._eager_store import _Entry, _Handle, _Kept, _Layer, version_witness
+from spillway.activations._eager_store import (_Entry, _Handle, _Kept, _Layer, check_version,
+                                               version_witness)
 
 __all__ = ["offload_activations", "OffloadActivations"]
 
@@ -123,6 +124,13 @@ _DEFAULT_SCOPE = _DefaultScope("self_attn")
 # until measured on T1: on the 2-core CPU host (2026-12-08, host bench) a by-position
 # block's hooks cost ~130 us less with it, 5-9 % of what they add to a plain forward.
 _LEAN_HOST = False
+
+
+def _unpack_fast_kept(packed) -> torch.Tensor:
+    """_Kept.unpack for a save kept in C++ (Note [Kept saves in C++], fast_keep.cc)."""
+    t = packed.tensor
+    check_version(t.dtype, t.device, t.shape, packed.version, t._version)
+    return t
 
 
 def offload_activations(model: nn.Module, scope: str | Iterable[str] | None = _DEFAULT_SCOPE,
@@ -413,6 +421,7 @@ class OffloadActivations:
         self._current: _Layer | None = None
         self._tasks_seen: set = set()
         self._inactive: str | None = None
+        self._kept_reason: str | None = None  # why _pack kept its last save
         self._stats = {"tensors_seen": 0, "tensors_offloaded": 0, "storages_offloaded": 0,
                        "bytes_offloaded": 0, "deduplicated": 0,
                        "skipped": dict.fromkeys(_SKIP_REASONS, 0),
@@ -457,7 +466,7 @@ class OffloadActivations:
             self._module_hooks.append(module.register_forward_pre_hook(self._on_layer_start))
             self._module_hooks.append(
                 module.register_forward_hook(self._on_layer_end, always_call=True))
-        self._hooks_cm = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks_cm = torch.autograd.graph.saved_tensors_hooks(self._pack_hook(), self._unpack)
         self._hooks_cm.__enter__()
         _active_models[self._model] = self
         self._active = True
@@ -627,8 +636,13 @@ class OffloadActivations:
                     reason = "small"
             if reason is not None:
                 self._stats["skipped"][reason] += 1
+                self._kept_reason = reason  # Note [Kept saves in C++] (fast_keep.cc)
                 return _Kept(self, t, None if reason == "backward" else self._current)
             return self._pack_offloaded(t, storage, key)
+
+    def _pack_hook(self):
+        """The pack hook the context enters (the budgeted context's may be C++)."""
+        return self._pack
 
     def _pack_offloaded(self, t, storage, key):
         layer = self._current
@@ -668,8 +682,9 @@ class OffloadActivations:
         if packed.owner is not self:
             return packed.owner._unpack(packed)  # packed by an outer context (see _pack)
         try:
-            if isinstance(packed, _Kept):
-                out = packed.unpack()
+            if isinstance(packed, _Kept) or type(packed) is _C.FastKept:
+                out = (packed.unpack() if type(packed) is not _C.FastKept
+                       else _unpack_fast_kept(packed))
                 if packed.layer is not None:
                     self._prefetch_for_kept(packed.layer)
                 return out
