@@ -61,10 +61,10 @@ struct Signature {
   bool usable = true;  // false: never kept here (a Python autograd function, no storage...)
 
   bool operator==(const Signature& o) const {
-    return usable && o.usable && type == o.type && maker == o.maker && device == o.device && dtype == o.dtype &&
-           layout == o.layout && offset == o.offset && storage_nbytes == o.storage_nbytes &&
-           conj == o.conj && neg == o.neg && weight == o.weight && input == o.input &&
-           sizes == o.sizes && strides == o.strides;
+    return usable && o.usable && type == o.type && maker == o.maker && device == o.device &&
+           dtype == o.dtype && layout == o.layout && offset == o.offset &&
+           storage_nbytes == o.storage_nbytes && conj == o.conj && neg == o.neg &&
+           weight == o.weight && input == o.input && sizes == o.sizes && strides == o.strides;
   }
 };
 
@@ -84,18 +84,21 @@ struct FastKept {
 };
 
 bool is_storage_in(const at::Tensor& t, const std::unordered_set<std::intptr_t>& set) {
-  return !set.empty() && set.count(reinterpret_cast<std::intptr_t>(t.storage().unsafeGetStorageImpl()));
+  return !set.empty() &&
+         set.count(reinterpret_cast<std::intptr_t>(t.storage().unsafeGetStorageImpl())) > 0;
 }
 
 class FastKeep {
  public:
   // pack(t): Python's pack hook; pack_at(t, position): the same at a position of the
   // armed call's table.
-  FastKeep(py::object pack, py::object pack_at) : pack_(std::move(pack)), pack_at_(std::move(pack_at)) {}
+  FastKeep(py::object pack, py::object pack_at)
+      : pack_(std::move(pack)), pack_at_(std::move(pack_at)) {}
 
   py::object call(py::handle obj) {
     // Python's hook counts no position for a save made while a backward runs.
-    if (!armed_ || !THPVariable_Check(obj.ptr()) || torch::autograd::get_current_graph_task_id() != -1) {
+    if (!armed_ || !THPVariable_Check(obj.ptr()) ||
+        torch::autograd::get_current_graph_task_id() != -1) {
       return pack_(obj);
     }
     const int64_t at = position_++;
@@ -107,7 +110,8 @@ class FastKeep {
       return pack_at_(obj, at);
     }
     const auto& rows = table_->rows;
-    if (at >= static_cast<int64_t>(rows.size()) || table_->reasons[at] < 0 || !(signature(obj, t) == rows[at])) {
+    if (at >= static_cast<int64_t>(rows.size()) || table_->reasons[at] < 0 ||
+        !(signature(obj, t) == rows[at])) {
       return pack_at_(obj, at);
     }
     ++kept_[table_->reasons[at]];
@@ -219,7 +223,10 @@ void init_fast_keep(py::module_& m) {
         return n;
       });
   py::class_<FastKept>(m, "FastKept", "A save kept in C++: Python's _Kept, made by FastKeep")
-      .def_property_readonly("tensor", [](const FastKept& k) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(k.tensor)); })
+      .def_property_readonly("tensor",
+                             [](const FastKept& k) {
+                               return py::reinterpret_steal<py::object>(THPVariable_Wrap(k.tensor));
+                             })
       .def_readonly("version", &FastKept::version)
       .def_readonly("owner", &FastKept::owner)
       .def_readonly("layer", &FastKept::layer);
