@@ -1327,6 +1327,49 @@ def test_cuda_by_position_peak_as_under_the_recorder_bit_exactly(linear_recipes,
 
 
 @needs_cuda
+def test_cuda_the_host_path_flags_change_no_bit(linear_recipes, monkeypatch):
+    """Notes [Catching in a window], [A leaner host path] and [Kept saves in C++] on the
+    GPU, bf16 Llama: with the three on, each policy's steps (under the Recorder, then by
+    position twice: the second keeps its saves in C++) are bit-equal to the plain step,
+    move and rebuild what they do with the three off, with peaks within 1 %."""
+    from spillway.activations import _eager_budget, eager
+    from spillway.activations._eager_budget import _CallPolicy
+
+    policies = [dict(cheap="keep", linear="keep"), dict(cheap="recompute", linear="keep"),
+                dict(cheap="recompute", linear="recompute"),
+                dict(cheap="offload", linear="recompute")]
+    monkeypatch.setattr(_eager_budget, "_PARTS_BY_POSITION", True)
+    monkeypatch.setattr(_eager_budget, "_RECIPES_BY_POSITION", True)
+    results = {}
+    with deterministic_cuda():
+        ctx, step, reference, _ = _cuda_planned_llama()
+        for on in (False, True):
+            monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", on)
+            monkeypatch.setattr(_eager_budget, "_FAST_KEEP", on)
+            monkeypatch.setattr(eager, "_LEAN_HOST", on)
+            ctx._save_parts.clear()
+            before, peaks = ctx.stats(), []
+            for parts in policies:
+                ctx._policies = [_CallPolicy(checkpoint=False, offload_saved=True,
+                                             offload_input=False, lag=0, **parts)
+                                 for _ in ctx._policies]
+                for k in range(3):
+                    loss, grads, peak = step(ctx)
+                    _assert_same(loss, grads, *reference, (on, k))
+                peaks.append(peak)
+            after = ctx.stats()
+            results[on] = (peaks, {k: after[k] - before[k] for k in (
+                "tensors_seen", "tensors_offloaded", "bytes_offloaded", "tensors_recomputed",
+                "bytes_recomputed", "parts_by_position", "parts_departed")})
+        tables = [table for _, table in ctx._fast_tables.values()]
+    assert results[True][1] == results[False][1], results
+    assert results[True][1]["parts_departed"] == 0
+    assert tables and sum(t.kept for t in tables) > 0
+    for on_peak, off_peak in zip(*(results[on][0] for on in (True, False))):
+        assert abs(on_peak - off_peak) <= 0.01 * off_peak, (on_peak, off_peak)
+
+
+@needs_cuda
 def test_cuda_the_heads_late_tensors_leave_before_the_loss_backward_bit_exactly():
     """Note [The head's late tensors], bf16 Llama with a 32k vocabulary on the GPU: the
     loss's backward is the step's peak (as on T1). Every block checkpointed with its input
