@@ -1808,8 +1808,8 @@ def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no
     position keeps in C++ the saves its table's first call by position kept in Python:
     bit-equal steps with the same statistics as Python's hook alone (the saves seen, why
     each was kept, what moved and what was rebuilt), most saves never reaching Python;
-    a weight written in place between forward and backward fails backward as autograd
-    would."""
+    left, the context can be collected; a weight written in place between forward and
+    backward fails backward as autograd would."""
     from spillway.activations import _eager_budget
 
     pack = _eager_budget.BudgetedOffload._pack
@@ -1840,6 +1840,16 @@ def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no
     tables = [table for _, table in ctx._fast_tables.values()]
     assert tables and all(t.learned for t in tables) and sum(t.kept for t in tables) > 0
     assert 0 < python[True] < python[False], python
+    # Left, the context is free to go: its C++ hook held its methods only while entered.
+    import gc
+    import weakref
+    gone = weakref.ref(ctx)
+    del ctx, tables
+    gc.collect()
+    assert gone() is None
+    monkeypatch.setattr(_eager_budget, "_FAST_KEEP", True)
+    ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
+    _steps_under(work, ctx, 3, saved, **parts)
     # A weight written in place after it was saved: backward fails (a kept save's check).
     block = ctx._blocks[1][1]
     weight = next(p for p in block.parameters() if p.dim() == 2)

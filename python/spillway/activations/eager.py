@@ -126,6 +126,9 @@ _DEFAULT_SCOPE = _DefaultScope("self_attn")
 _LEAN_HOST = False
 
 
+_FastKept = _C.FastKept
+
+
 def _unpack_fast_kept(packed) -> torch.Tensor:
     """_Kept.unpack for a save kept in C++ (Note [Kept saves in C++], fast_keep.cc)."""
     t = packed.tensor
@@ -479,6 +482,9 @@ class OffloadActivations:
         try:
             self._hooks_cm.__exit__(*exc)
         finally:
+            # Dropped: a C++ pack hook (Note [Kept saves in C++]) holding this context's
+            # methods would keep it alive, unseen by the cycle collector.
+            self._hooks_cm = None
             for h in self._module_hooks:
                 h.remove()
             self._module_hooks = []
@@ -682,9 +688,9 @@ class OffloadActivations:
         if packed.owner is not self:
             return packed.owner._unpack(packed)  # packed by an outer context (see _pack)
         try:
-            if isinstance(packed, _Kept) or type(packed) is _C.FastKept:
-                out = (packed.unpack() if type(packed) is not _C.FastKept
-                       else _unpack_fast_kept(packed))
+            kept = isinstance(packed, _Kept)
+            if kept or type(packed) is _FastKept:
+                out = packed.unpack() if kept else _unpack_fast_kept(packed)
                 if packed.layer is not None:
                     self._prefetch_for_kept(packed.layer)
                 return out
