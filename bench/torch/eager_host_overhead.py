@@ -177,35 +177,41 @@ def main() -> int:
     keep_by_position = "plan, offload S_k, keep C_k and L_k (by position)"
     rebuild_by_position = "plan, offload S_k, rebuild C_k and L_k (by position)"
     windows = rebuild_by_position.replace(")", ", caught in windows)")
-    ways = [  # (name, the policy of every block call, Notes [Parts by position] and
-        # [Recipes by position], [Catching in a window], [A leaner host path], --ablate's
-        # stub or None)
-        ("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart, False, False, False,
-         False, None),
-        ("plan, offload S_k, rebuild C_k and L_k (recorded)", rebuild, False, False, False,
-         False, None),
-        ("plan, checkpoint", dict(checkpoint=True, offload_saved=False, offload_input=False),
-         False, False, False, False, None),
-        (keep_by_position, keep_apart, True, False, False, False, None),
-        (rebuild_by_position, rebuild, True, True, False, False, None),
-        (windows, rebuild, True, True, True, False, None),
-        (keep_by_position.replace(")", ", lean host)"), keep_apart, True, False, False, True,
-         None),
-        (windows.replace(")", ", lean host)"), rebuild, True, True, True, True, None),
-        (keep_by_position.replace(")", ", lean host, kept in C++)"), keep_apart, True, False,
-         False, "fast", None),
-        (windows.replace(")", ", lean host, kept in C++)"), rebuild, True, True, True, "fast",
-         None),
+
+    def way(name, policy, parts=False, recipes=False, windows=False, lean=False, fast=False,
+            stub=None):
+        """A way: the policy of every block call, Notes [Parts by position], [Recipes by
+        position], [Catching in a window], [A leaner host path] and [Kept saves in C++]
+        on or off, --ablate's stub or None."""
+        return dict(name=name, policy=policy, parts=parts, recipes=recipes, windows=windows,
+                    lean=lean, fast=fast, stub=stub)
+
+    by_position = dict(parts=True, recipes=True)
+    ways = [
+        way("plan, offload S_k, keep C_k and L_k (recorded)", keep_apart),
+        way("plan, offload S_k, rebuild C_k and L_k (recorded)", rebuild),
+        way("plan, checkpoint", dict(checkpoint=True, offload_saved=False, offload_input=False)),
+        way(keep_by_position, keep_apart, parts=True),
+        way(rebuild_by_position, rebuild, **by_position),
+        way(windows, rebuild, **by_position, windows=True),
+        way(keep_by_position.replace(")", ", lean host)"), keep_apart, parts=True, lean=True),
+        way(windows.replace(")", ", lean host)"), rebuild, **by_position, windows=True,
+            lean=True),
+        way(keep_by_position.replace(")", ", lean host, kept in C++)"), keep_apart, parts=True,
+            lean=True, fast=True),
+        way(windows.replace(")", ", lean host, kept in C++)"), rebuild, **by_position,
+            windows=True, lean=True, fast=True),
     ]
     if args.ablate:
-        ways += [(keep_by_position.replace(")", f", {stub} stubbed)"), keep_apart, True, False,
-                  False, False, stub) for stub in ("copies", "pack")]
-    for name, policy, parts_by_position, recipes_by_position, windows, lean, stub in ways:
-        _eager_budget._PARTS_BY_POSITION = parts_by_position
-        _eager_budget._RECIPES_BY_POSITION = recipes_by_position
-        _eager_budget._CATCH_IN_WINDOWS = windows
-        eager._LEAN_HOST = bool(lean)
-        _eager_budget._FAST_KEEP = lean == "fast"  # Note [Kept saves in C++]
+        ways += [way(keep_by_position.replace(")", f", {stub} stubbed)"), keep_apart,
+                     parts=True, stub=stub) for stub in ("copies", "pack")]
+    for w in ways:
+        name, policy, stub = w["name"], w["policy"], w["stub"]
+        _eager_budget._PARTS_BY_POSITION = w["parts"]
+        _eager_budget._RECIPES_BY_POSITION = w["recipes"]
+        _eager_budget._CATCH_IN_WINDOWS = w["windows"]
+        eager._LEAN_HOST = w["lean"]
+        _eager_budget._FAST_KEEP = w["fast"]
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan

@@ -195,6 +195,14 @@ def _warm_checkpoint() -> None:
     checkpoint(torch.sin, x, use_reentrant=False, preserve_rng_state=False).backward()
 
 
+def _input_storages(args) -> frozenset[int]:
+    """The addresses of a block call's input storages (UntypedStorage._cdata, as
+    StorageWeakRef.cdata). Read only while the call runs, whose caller holds its inputs,
+    so no other storage can have one of them; comparing ints spares a StorageWeakRef a
+    save."""
+    return frozenset(k.cdata for k in map(storage_key, _tensors(args)) if k is not None)
+
+
 def _tensors(value, depth: int = 3) -> list[torch.Tensor]:
     """The tensors in a value and in its tuples, lists and dict values, in order (a few
     levels deep: Llama's position_embeddings=(cos, sin) keyword)."""
@@ -781,12 +789,7 @@ class BudgetedOffload(eager.OffloadActivations):
         if policy is None or not (policy.offload_saved or policy.offload_input
                                   or policy.offload_cheap or policy.offload_linear):
             return False
-        # The input storages' addresses (UntypedStorage._cdata, as StorageWeakRef.cdata):
-        # _skip_reason reads them only while this call runs, whose caller holds its inputs,
-        # so no other storage can have one of them; comparing ints spares a StorageWeakRef
-        # per save.
-        keys = frozenset(k.cdata for k in map(storage_key, _tensors(args)) if k is not None)
-        self._layer_policy[self._next_layer] = (policy, keys)
+        self._layer_policy[self._next_layer] = (policy, _input_storages(args))
         return True
 
     def _skip_reason(self, t):
@@ -891,8 +894,10 @@ class BudgetedOffload(eager.OffloadActivations):
             pair = self._fast_tables.get(ordinal)
             if pair is None or pair[0] is not table:
                 pair = self._fast_tables[ordinal] = (table, _C.FastTable())
-            inputs = [k.cdata for k in map(storage_key, _tensors(args)) if k is not None]
-            fast.arm(pair[1], self, self._current, inputs)
+            # The call's input storages, as _select_layer found them for an offloading call.
+            _, inputs = self._layer_policy.get(self._current.index, (None, None))
+            fast.arm(pair[1], self, self._current,
+                     list(inputs if inputs is not None else _input_storages(args)))
             self._fast_armed = fast
         handles = parts.watch()
         try:

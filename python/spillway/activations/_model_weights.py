@@ -98,9 +98,10 @@ class ModelWeights:
             tensors += weights
         return objects, [t for t in tensors if t is not None]
 
-    def _fingerprint(self) -> tuple | None:
-        """Point 1's ids and point 2's (storage, data pointer) pairs; None: walk."""
-        found = self._objects()
+    def _fingerprint(self, found: tuple[list, list] | None = None) -> tuple | None:
+        """Point 1's ids and point 2's (storage, data pointer) pairs, of `found` (default:
+        _objects() now); None: walk."""
+        found = self._objects() if found is None else found
         if found is None:
             return None
         objects, tensors = found
@@ -131,4 +132,4 @@ class ModelWeights:
         if found is None:
             return  # never reused: every call walks
         self._refs = [weakref.ref(obj, deaths.died) for obj in found[0] if obj is not None]
-        self._seen = self._fingerprint()
+        self._seen = self._fingerprint(found)
