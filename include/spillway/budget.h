@@ -41,6 +41,19 @@ namespace spillway {
 enum class Decision { kKeep, kOffload, kRecompute };
 std::string_view to_string(Decision decision);
 
+// What a decision other than keep on a value costs the host at its producer (Note
+// [The host lane]): offload_ms where it is offloaded, recompute_ms where it is
+// recomputed (< 0: the producer's launch gets cheaper, e.g. a checkpointed
+// block runs without the hooks that sort its saves). While the value named
+// `unless_recomputed` is recomputed, the entry adds nothing: its work is not
+// done (a block whose saves a checkpoint replaces binds no recipes).
+struct HostCost {
+  std::string value;              // a node's name
+  double offload_ms = 0;
+  double recompute_ms = 0;
+  std::string unless_recomputed;  // a node's name, or empty
+};
+
 struct BudgetOptions {
   // Peak device bytes the step may use (weights and everything the simulator
   // counts included). > 0, unless budget_fraction is set.
@@ -100,9 +113,14 @@ struct BudgetOptions {
   // sweep_memory_budget raise it themselves, up to kMaxJustInTimeRegions,
   // for a budget no plan fits without; the plan's options say what it used.
   int just_in_time_regions = 0;
+  // Note [The host lane] (budget_problem.cc): what a decision costs the
+  // thread that launches the step, beside the graph's per-node cpu_ms. The
+  // host lane runs where some node has cpu_ms; without, these are ignored.
+  std::vector<HostCost> host_costs;
 };
 
 inline constexpr int kMaxJustInTimeRegions = 4;
+
 
 // The verdict on one candidate.
 struct BudgetChoice {
@@ -135,6 +153,10 @@ struct Forecast {
   std::int64_t bytes_recomputed = 0;  // of values rebuilt in backward
   double recompute_ms = 0;
   double compute_wait_ms = 0;         // compute stream idle waiting for copies
+  // Note [The host lane]: the host's time to issue the step's nodes, and the
+  // compute stream's idle time waiting for it (0 without cpu_ms).
+  double host_ms = 0;
+  double host_wait_ms = 0;
 };
 
 struct BudgetPlan {

@@ -147,6 +147,14 @@
 //       case: the fp32 upcasts of the residual stream, the fp32 log-softmax,
 //       rotary cos/sin and the final norm's output are rebuilt from the bf16 residuals,
 //       logits and the saved reductions.
+//  (12) The host (Note [The host lane] in src/plan/budget_problem.cc): where
+//       some node has cpu_ms, one host thread issues the nodes in graph order,
+//       spending each one's cpu_ms (0 where absent) and never waiting for the
+//       device. A compute node's kernels are issued while earlier ones run:
+//       it ends no earlier than node_ms after the compute stream is free and
+//       no earlier than the host has issued it; the difference is
+//       SimResult::host_wait_ms. Without cpu_ms anywhere, the host is not
+//       modelled (it is always ahead).
 //
 // Thread-safety: every function here is pure; a CostModel is immutable after
 // construction and may be shared between threads.
@@ -321,6 +329,8 @@ struct SimResult {
   std::array<std::int64_t, kMemoryCategoryCount> peak_by_category{};
   double compute_busy_ms = 0;  // sum of node times
   double compute_wait_ms = 0;  // compute stream idle at wait_tensor nodes
+  double host_ms = 0;          // execution model (12): the host's issue time
+  double host_wait_ms = 0;     // compute stream idle waiting for the host
   double recompute_ms = 0;     // time of SimOptions::recomputed nodes
   double d2h_busy_ms = 0;
   double h2d_busy_ms = 0;

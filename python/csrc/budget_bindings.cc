@@ -59,6 +59,40 @@ Knobs knobs_of(const std::string& scope, bool allow_offload, bool allow_recomput
   return knobs;
 }
 
+// BudgetOptions::host_costs from JSON text (empty: none); InvalidArgument
+// naming what is wrong.
+std::vector<HostCost> host_costs_of(const std::string& text) {
+  std::vector<HostCost> out;
+  if (text.empty()) return out;
+  const json list = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!list.is_array()) throw InvalidArgument("plan", "host_costs_json: expected a JSON list");
+  for (const json& item : list) {
+    if (!item.is_object() || !item.contains("value") || !item["value"].is_string()) {
+      throw InvalidArgument("plan", "host_costs_json: every entry needs a 'value' (a node name)");
+    }
+    HostCost cost;
+    cost.value = item["value"].get<std::string>();
+    for (const char* key : {"offload_ms", "recompute_ms"}) {
+      if (!item.contains(key)) continue;
+      if (!item[key].is_number()) {
+        throw InvalidArgument("plan", "host_costs_json: '" + cost.value + "': " + key +
+                                          " must be a number");
+      }
+      (std::string(key) == "offload_ms" ? cost.offload_ms : cost.recompute_ms) =
+          item[key].get<double>();
+    }
+    if (item.contains("unless_recomputed") && !item["unless_recomputed"].is_null()) {
+      if (!item["unless_recomputed"].is_string()) {
+        throw InvalidArgument("plan", "host_costs_json: '" + cost.value +
+                                          "': unless_recomputed must be a node name");
+      }
+      cost.unless_recomputed = item["unless_recomputed"].get<std::string>();
+    }
+    out.push_back(std::move(cost));
+  }
+  return out;
+}
+
 CostModel cost_of(const Knobs& knobs) {
   return CostModel(knobs.device_profile_json.empty() ? h200_profile()
                                                      : parse_device_profile(knobs.device_profile_json));
@@ -214,7 +248,8 @@ void init_budget(py::module_& m) {
          bool allow_offload, bool allow_recompute, int prefetch_regions, int release_lag,
          std::int64_t min_bytes, const std::string& profile, bool trace,
          const std::string& svg_title, bool partitioner, double budget_fraction,
-         bool release_when_copied, bool timeline, bool offload_materialised, bool relax) {
+         bool release_when_copied, bool timeline, bool offload_materialised, bool relax,
+         const std::string& host_costs_json, bool planned_graph) {
         Knobs knobs = knobs_of(scope, allow_offload, allow_recompute, prefetch_regions,
                                release_lag, min_bytes, profile, trace, svg_title, partitioner);
         knobs.options.budget_bytes = budget_bytes;
@@ -224,16 +259,19 @@ void init_budget(py::module_& m) {
         knobs.options.relax = relax;
         knobs.timeline = timeline;
         return guarded([&] {
+          knobs.options.host_costs = host_costs_of(host_costs_json);
           const Graph graph = parse_graph(graph_json);
           const CostModel cost = cost_of(knobs);
           const BudgetPlan plan = plan_memory_budget(graph, knobs.options, cost);
-          return plan_json(plan, knobs, true).dump();
+          json out = plan_json(plan, knobs, true);
+          if (planned_graph) out["graph"] = json::parse(write_graph(plan.graph));
+          return out.dump();
         });
       },
       py::arg("graph_json"), py::arg("budget_bytes"), py::kw_only(), SPILLWAY_BUDGET_KNOB_ARGS,
       py::arg("budget_fraction") = 0.0, py::arg("release_when_copied") = false,
       py::arg("timeline") = false, py::arg("offload_materialised") = false,
-      py::arg("relax") = false,
+      py::arg("relax") = false, py::arg("host_costs_json") = "", py::arg("planned_graph") = false,
       "Plans keep / offload / recompute for every saved activation of a joint graph (Spillway "
       "graph JSON) so that the simulated peak fits budget_bytes, the fastest such plan "
       "(include/spillway/budget.h). Returns JSON text: budget_bytes, choices (node, name, block, "
@@ -249,7 +287,11 @@ void init_budget(py::module_& m) {
       "eager store's per-block release). timeline: also the simulated device bytes live at "
       "each node of the planned graph, in graph order (timeline: name, live_bytes, "
       "scratch_bytes, by_category; execution model (7) of include/spillway/sim.h). relax: "
-      "BudgetOptions::relax (search from both ends). Raises "
+      "BudgetOptions::relax (search from both ends). host_costs_json: BudgetOptions::host_costs "
+      "as a JSON list of {value, offload_ms, recompute_ms, unless_recomputed} (Note [The host "
+      "lane]; a graph with cpu_ms on its nodes turns the host lane on; the forecasts then "
+      "also give host_ms and host_wait_ms). planned_graph: also the rewritten graph (graph; "
+      "simulate_graph runs it with recomputed=recomputed_nodes). Raises "
       "ValueError for bad options or an invalid graph, MemoryError naming the smallest "
       "reachable peak when no plan fits.");
   m.def(
@@ -348,7 +390,9 @@ void init_budget(py::module_& m) {
                       {"recompute_ms", r.recompute_ms},
                       {"bytes_d2h", r.bytes_d2h},
                       {"bytes_h2d", r.bytes_h2d},
-                      {"host_peak_bytes", r.host_peak_bytes}};
+                      {"host_peak_bytes", r.host_peak_bytes},
+                      {"host_ms", r.host_ms},
+                      {"host_wait_ms", r.host_wait_ms}};
           if (trace) out["chrome_trace"] = chrome_trace(graph, r);
           if (!svg_title.empty()) out["memory_svg"] = memory_svg(graph, r, svg_title);
           if (timeline) out["timeline"] = timeline_json(graph, r);

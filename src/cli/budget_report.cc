@@ -52,14 +52,19 @@ std::string ratio(double value, double base) {
 }
 
 json forecast_json(const Forecast& f) {
-  return {{"step_ms", f.step_ms},
-          {"peak_bytes", f.peak_bytes},
-          {"peak_node", f.peak_node},
-          {"peak_phase", std::string(to_string(f.peak_phase))},
-          {"bytes_offloaded", f.bytes_offloaded},
-          {"bytes_recomputed", f.bytes_recomputed},
-          {"recompute_ms", f.recompute_ms},
-          {"compute_wait_ms", f.compute_wait_ms}};
+  json out = {{"step_ms", f.step_ms},
+              {"peak_bytes", f.peak_bytes},
+              {"peak_node", f.peak_node},
+              {"peak_phase", std::string(to_string(f.peak_phase))},
+              {"bytes_offloaded", f.bytes_offloaded},
+              {"bytes_recomputed", f.bytes_recomputed},
+              {"recompute_ms", f.recompute_ms},
+              {"compute_wait_ms", f.compute_wait_ms}};
+  if (f.host_ms > 0) {  // Note [The host lane]: only where the graph has host times
+    out["host_ms"] = f.host_ms;
+    out["host_wait_ms"] = f.host_wait_ms;
+  }
+  return out;
 }
 
 }  // namespace
@@ -151,6 +156,10 @@ std::string format_budget_text(const BudgetPlan& plan, const std::string& device
   out += "predicted step:     " + ms(f.step_ms) + " (" + ratio(f.step_ms, b.step_ms) +
          " of the unplanned " + ms(b.step_ms) + "), compute waiting for copies " +
          ms(f.compute_wait_ms) + ", recomputing " + ms(f.recompute_ms) + "\n";
+  if (f.host_ms > 0) {
+    out += "host:               " + ms(f.host_ms) + " to issue the step, compute waiting for it " +
+           ms(f.host_wait_ms) + "\n";
+  }
   out += "moved to host:      " + human_bytes(f.bytes_offloaded) + " each way";
   if (plan.options.just_in_time_regions > 0) {
     const int tail = plan.options.just_in_time_regions;

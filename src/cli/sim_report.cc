@@ -84,6 +84,10 @@ std::string format_sim_text(const Graph& graph, const SimResult& result,
       << ms_text(result.h2d_busy_ms) << ")\n";
   out << "compute wait:       " << ms_text(result.compute_wait_ms)
       << " (compute stream idle, waiting for copies)\n";
+  if (result.host_ms > 0) {
+    out << "host:               " << ms_text(result.host_ms) << " to issue the step, compute idle "
+        << ms_text(result.host_wait_ms) << " waiting for it\n";
+  }
   out << "pinned host peak:   " << human_bytes(result.host_peak_bytes) << "\n";
   return out.str();
 }

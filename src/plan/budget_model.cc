@@ -32,12 +32,15 @@ struct Event {
 
 BudgetModel::BudgetModel(std::vector<ModelCandidate> candidates, std::vector<double> node_ms,
                          std::vector<std::int64_t> baseline_live,
-                         std::vector<std::size_t> reload_anchor, const CostModel& cost)
+                         std::vector<std::size_t> reload_anchor, const CostModel& cost,
+                         std::vector<double> host_ms)
     : candidates_(std::move(candidates)),
       node_ms_(std::move(node_ms)),
       baseline_live_(std::move(baseline_live)),
-      reload_anchor_(std::move(reload_anchor)) {
-  if (node_ms_.size() != baseline_live_.size() || node_ms_.size() != reload_anchor_.size()) {
+      reload_anchor_(std::move(reload_anchor)),
+      host_ms_(std::move(host_ms)) {
+  if (node_ms_.size() != baseline_live_.size() || node_ms_.size() != reload_anchor_.size() ||
+      (!host_ms_.empty() && host_ms_.size() != node_ms_.size())) {
     throw Error("plan", "internal error: budget model inputs of different lengths");
   }
   prefix_ms_.assign(node_ms_.size() + 1, 0.0);
@@ -137,14 +140,40 @@ ModelScore BudgetModel::evaluate(const std::vector<Decision>& decisions,
   double t = 0;
   std::size_t done = 0;  // nodes executed so far
   double d2h_free = 0, h2d_free = 0;
+  // Note [The host lane]: the host's time per position under these decisions,
+  // and when it has issued the nodes so far.
+  std::vector<double> host_ms;
+  double host = 0;
+  if (!host_ms_.empty()) {
+    host_ms = host_ms_;
+    for (std::size_t i = 0; i < candidates_.size(); ++i) {
+      const ModelCandidate& c = candidates_[i];
+      if (c.host_unless >= 0 &&
+          decisions[static_cast<std::size_t>(c.host_unless)] == Decision::kRecompute) {
+        continue;
+      }
+      if (decisions[i] == Decision::kOffload) host_ms[c.position] += c.host_offload_ms;
+      if (decisions[i] == Decision::kRecompute) host_ms[c.position] += c.host_recompute_ms;
+    }
+  }
   std::vector<double> d2h_end(candidates_.size(), 0.0), h2d_end(candidates_.size(), 0.0);
   // (slot, time added to the compute stream by waits and recomputes at or
   // before that slot), one per event: a node's end time for timed releases.
   std::vector<std::pair<std::size_t, double>> added;
   auto run_until = [&](std::size_t nodes) {
-    if (nodes > done) {
+    if (nodes <= done) return;
+    if (host_ms.empty()) {
       t += prefix_ms_[nodes] - prefix_ms_[done];
       done = nodes;
+      return;
+    }
+    for (; done < nodes; ++done) {  // execution model (12) of spillway/sim.h
+      host += std::max(0.0, host_ms[done]);
+      t += node_ms_[done];
+      if (host > t) {
+        score.host_wait_ms += host - t;
+        t = host;
+      }
     }
   };
   auto wait_for = [&](double ready) {

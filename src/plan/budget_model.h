@@ -19,6 +19,10 @@
 //                recompute adds its time to the compute stream there.
 // Transient bytes of a recompute's intermediates and the duplex slowdown are
 // left to the full simulation, which checks every plan the search returns.
+// With host times (Note [The host lane] in budget_problem.cc), a node ends no
+// earlier than the host has issued it (execution model (12) of
+// spillway/sim.h), the host spending each node's time plus what the
+// decisions on the values it produces add.
 //
 // Thread-safety: immutable after construction; evaluate() is const and may run
 // concurrently.
@@ -55,6 +59,11 @@ struct ModelCandidate {
   // Candidates (indices) a recompute of this one reads, directly, through
   // views or intermediates: they must be present when it runs.
   std::vector<int> recompute_reads;
+  // Note [The host lane]: host ms added at `position` when offloaded or
+  // recomputed; nothing while candidate host_unless (>= 0) is recomputed.
+  double host_offload_ms = 0;
+  double host_recompute_ms = 0;
+  int host_unless = -1;
 };
 
 struct ModelScore {
@@ -62,6 +71,7 @@ struct ModelScore {
   std::int64_t peak = 0;
   std::size_t peak_position = 0;
   double wait_ms = 0;  // compute stream idle waiting for copies
+  double host_wait_ms = 0;  // compute stream idle waiting for the host
 };
 
 class BudgetModel {
@@ -69,13 +79,15 @@ class BudgetModel {
   // `node_ms` and `baseline_live` per graph position (the simulator's
   // timeline of the unchanged graph); `reload_anchor[p]` is where a reload
   // needed before position p is issued (p itself without prefetch).
-  // Candidates must be in graph order.
+  // `host_ms`: the host's time to issue each position, or empty (the host is
+  // not modelled). Candidates must be in graph order.
   BudgetModel(std::vector<ModelCandidate> candidates, std::vector<double> node_ms,
               std::vector<std::int64_t> baseline_live, std::vector<std::size_t> reload_anchor,
-              const CostModel& cost);
+              const CostModel& cost, std::vector<double> host_ms = {});
 
   const std::vector<ModelCandidate>& candidates() const { return candidates_; }
   std::size_t size() const { return candidates_.size(); }
+  const std::vector<double>& host_ms() const { return host_ms_; }
   // Scores a decision per candidate (decisions.size() == size()); a decision
   // a candidate does not allow is a logic error (Error "[plan] internal").
   // With `live`, also the live bytes while each node runs (one per position).
@@ -104,6 +116,7 @@ class BudgetModel {
   std::vector<double> prefix_ms_;  // prefix_ms_[p] = sum of node_ms_[0..p)
   std::vector<std::int64_t> baseline_live_;
   std::vector<std::size_t> reload_anchor_;
+  std::vector<double> host_ms_;   // per position; empty: the host is not modelled
   std::vector<double> d2h_ms_;  // per candidate
   std::vector<double> h2d_ms_;
 };

@@ -70,6 +70,39 @@ TEST(BudgetModel, KeepingEverythingIsTheBaseline) {
   EXPECT_DOUBLE_EQ(score.wait_ms, 0.0);
 }
 
+// Note [The host lane]: per-position host times hold nodes back, and the
+// decisions' host costs are charged at their producers, the ones void while
+// their `host_unless` candidate is recomputed.
+TEST(BudgetModel, TheHostLaneChargesEachDecisionAtItsProducer) {
+  const CostModel cost(slow_link());
+  const TwoValues t;
+  std::vector<double> host(10, 0.5);  // ahead of the device by 0.5 ms a node
+  std::vector<ModelCandidate> candidates = t.candidates();
+  candidates[0].host_recompute_ms = -0.5;  // recomputing A makes its producer cheaper
+  candidates[1].host_offload_ms = 6.0;     // offloading B costs the host 6 ms at node 2
+  candidates[1].host_recompute_ms = 6.0;
+  candidates[1].host_unless = 0;           // ... unless A is recomputed
+  const BudgetModel model(candidates, t.ms, t.live, t.anchor, cost, host);
+  ASSERT_EQ(model.host_ms().size(), 10u);
+  const ModelScore kept = model.evaluate({Decision::kKeep, Decision::kKeep});
+  EXPECT_DOUBLE_EQ(kept.step_ms, 10.0);
+  EXPECT_DOUBLE_EQ(kept.host_wait_ms, 0.0);
+  // The host issues node 2 at 1.5 + 6 = 7.5 ms, where the device was due at 3:
+  // 4.5 ms of waiting, then the device runs on at 1 ms a node.
+  const ModelScore recomputed_b = model.evaluate({Decision::kKeep, Decision::kRecompute});
+  EXPECT_NEAR(recomputed_b.host_wait_ms, 4.5, 1e-9);
+  EXPECT_NEAR(recomputed_b.step_ms, 10.0 + 0.25 + 4.5, 1e-9);
+  // With A recomputed, B's cost is void.
+  const ModelScore both = model.evaluate({Decision::kRecompute, Decision::kRecompute});
+  EXPECT_DOUBLE_EQ(both.host_wait_ms, 0.0);
+  EXPECT_NEAR(both.step_ms, 10.0 + 0.5 + 0.25, 1e-9);
+  // Without host times the same candidates cost the host nothing.
+  const BudgetModel blind(candidates, t.ms, t.live, t.anchor, cost);
+  EXPECT_DOUBLE_EQ(blind.evaluate({Decision::kKeep, Decision::kRecompute}).host_wait_ms, 0.0);
+  EXPECT_THROW(BudgetModel(candidates, t.ms, t.live, t.anchor, cost, std::vector<double>(3, 0.0)),
+               Error);
+}
+
 TEST(BudgetModel, OffloadStallsWhenTheCopyOutlastsTheComputeBeforeItsWait) {
   const CostModel cost(slow_link());
   const TwoValues t;

@@ -101,6 +101,63 @@ TEST_F(LlamaTiny, BadOptionsAreRejectedByName) {
   }
 }
 
+// Note [The host lane]: with host times on the nodes, a decision that costs
+// the host more than the device's work hides is avoided where another fits,
+// and the full simulation charges what the plan chose.
+TEST_F(LlamaTiny, TheHostLaneSteersAwayFromDecisionsTheHostCannotAfford) {
+  const CostModel cost(h200_profile());
+  const std::int64_t peak = baseline_peak(cost);
+  const std::int64_t floor = sweep_memory_budget(graph(), with_budget(1), cost).back()
+                                 .min_reachable_bytes;
+  const BudgetOptions blind_options = with_budget(floor + (peak - floor) * 3 / 4);
+  const BudgetPlan blind = plan_memory_budget(graph(), blind_options, cost);
+  int recomputed = 0;
+  BudgetOptions options = blind_options;
+  for (const BudgetChoice& choice : blind.choices) {
+    if (choice.decision != Decision::kRecompute) continue;
+    ++recomputed;
+    options.host_costs.push_back({choice.name, 0.0, 1000.0, ""});
+  }
+  ASSERT_GT(recomputed, 0) << "the blind plan recomputes nothing: no test";
+  Graph timed = graph();
+  for (Node& node : timed.nodes) node.cpu_ms = 0.0;
+  const BudgetPlan aware = plan_memory_budget(timed, options, cost);
+  int still = 0;  // of the recomputes that now cost the host 1000 ms each
+  for (const BudgetChoice& choice : aware.choices) {
+    const bool costly =
+        std::any_of(options.host_costs.begin(), options.host_costs.end(),
+                    [&](const HostCost& c) { return c.value == choice.name; });
+    if (costly && choice.decision == Decision::kRecompute) ++still;
+  }
+  EXPECT_LT(still, recomputed);
+  EXPECT_LE(aware.forecast.peak_bytes, blind_options.budget_bytes);
+  EXPECT_DOUBLE_EQ(aware.forecast.host_ms, 1000.0 * still);
+  // Without host times on the nodes, host_costs change nothing.
+  const BudgetPlan ignored = plan_memory_budget(graph(), options, cost);
+  EXPECT_EQ(ignored.graph, blind.graph);
+  EXPECT_EQ(ignored.forecast.host_ms, 0);
+}
+
+TEST_F(LlamaTiny, HostCostsNamingNoNodeOrANodeTwiceAreRejected) {
+  const CostModel cost(h200_profile());
+  BudgetOptions options = with_budget(baseline_peak(cost) - (1 << 20));
+  options.host_costs.push_back({"no_such_node", 1.0, 1.0, ""});
+  try {
+    plan_memory_budget(graph(), options, cost);
+    FAIL() << "an unknown node was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no_such_node"), std::string::npos) << e.what();
+  }
+  const std::string name = graph().nodes[1].name;
+  options.host_costs = {{name, 1.0, 0.0, ""}, {name, 2.0, 0.0, ""}};
+  try {
+    plan_memory_budget(graph(), options, cost);
+    FAIL() << "a node named twice was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("named twice"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(LlamaTiny, TheSweepIsMonotone) {
   const CostModel cost(h200_profile());
   const std::vector<BudgetPlan> curve = sweep_memory_budget(graph(), with_budget(1), cost);

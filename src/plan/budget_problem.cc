@@ -1,6 +1,7 @@
 #include "plan/budget_problem.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "analysis/inductor_fusion.h"
@@ -91,6 +92,8 @@ Forecast forecast_of(const Graph& graph, const SimResult& sim) {
   f.bytes_offloaded = sim.bytes_d2h;
   f.recompute_ms = sim.recompute_ms;
   f.compute_wait_ms = sim.compute_wait_ms;
+  f.host_ms = sim.host_ms;
+  f.host_wait_ms = sim.host_wait_ms;
   return f;
 }
 
@@ -244,6 +247,7 @@ BudgetPlan BudgetProblem::materialise(const std::vector<Decision>& decisions) co
       }
     }
   }
+  charge_host(decisions, plan.graph, plan.recomputed_nodes);
   plan.simulation = simulate(plan.graph, cost_, sim_options(plan.recomputed_nodes));
   plan.forecast = forecast_of(plan.graph, plan.simulation);
   for (std::size_t i = 0; i < decisions.size(); ++i) {
@@ -455,6 +459,98 @@ void BudgetProblem::probe_candidates() {
   candidates_ = std::move(kept);
 }
 
+// Note [The host lane]
+// ~~~~~~~~~~~~~~~~~~~~
+// The simulator replays the device's streams; a step also needs a thread to
+// launch it, and where that thread does Python work per saved tensor (the
+// eager path's hooks: Note [The host's share] in
+// python/spillway/activations/_eager_budget.py), it can take longer to issue
+// a block than the device takes to run it, and the device waits. A graph
+// whose nodes carry cpu_ms (the host's time to issue each) turns on a host
+// lane in the fast model and the full simulation alike (execution model
+// (12) of spillway/sim.h): the host issues nodes in order without waiting for
+// the device, and a node cannot end before the host has issued it. What a
+// decision costs the host comes as BudgetOptions::host_costs, per value: ms
+// added at its producer when offloaded or recomputed, void while another value
+// (the block's whole saved set) is recomputed. A plan's graph carries them in
+// its producers' cpu_ms, so the full simulation charges what the search did.
+// Backward's host work is not charged: there the device's work per block is
+// twice the forward's and the host, which has no saves to sort, stays ahead.
+
+std::vector<double> BudgetProblem::host_ms() const {
+  const bool modelled = std::any_of(graph_.nodes.begin(), graph_.nodes.end(),
+                                    [](const Node& node) { return node.cpu_ms.has_value(); });
+  std::vector<double> out;
+  if (!modelled) return out;
+  out.reserve(graph_.nodes.size());
+  for (const Node& node : graph_.nodes) out.push_back(node.cpu_ms.value_or(0.0));
+  return out;
+}
+
+void BudgetProblem::apply_host_costs(std::vector<ModelCandidate>& model) const {
+  std::unordered_map<NodeId, int> candidate_of;
+  for (std::size_t i = 0; i < model.size(); ++i) candidate_of[model[i].node] = static_cast<int>(i);
+  std::unordered_map<std::string, NodeId> by_name;
+  for (const Node& node : graph_.nodes) by_name.emplace(node.name, node.id);
+  auto named = [&](const std::string& name, const char* field) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      throw InvalidArgument("plan", std::string("host_costs: ") + field + " names '" + name +
+                                        "', which is no node of the graph");
+    }
+    return it->second;
+  };
+  std::unordered_set<std::string> seen;
+  for (const HostCost& cost : options_.host_costs) {
+    const NodeId id = named(cost.value, "value");
+    if (!seen.insert(cost.value).second) {
+      throw InvalidArgument("plan", "host_costs: '" + cost.value + "' is named twice");
+    }
+    if (!std::isfinite(cost.offload_ms) || !std::isfinite(cost.recompute_ms)) {
+      throw InvalidArgument("plan",
+                            "host_costs: '" + cost.value + "' has a cost that is not finite");
+    }
+    int unless = -1;  // a value that is no candidate is never recomputed
+    if (!cost.unless_recomputed.empty()) {
+      const auto other = candidate_of.find(named(cost.unless_recomputed, "unless_recomputed"));
+      if (other != candidate_of.end()) unless = other->second;
+    }
+    const auto it = candidate_of.find(id);
+    if (it == candidate_of.end()) continue;  // not a candidate: always kept
+    ModelCandidate& c = model[static_cast<std::size_t>(it->second)];
+    c.host_offload_ms = cost.offload_ms;
+    c.host_recompute_ms = cost.recompute_ms;
+    c.host_unless = unless;
+  }
+}
+
+void BudgetProblem::charge_host(const std::vector<Decision>& decisions, Graph& graph,
+                                const std::vector<NodeId>& recomputed_nodes) const {
+  if (model_->host_ms().empty()) return;
+  // Backward's host work is not charged (above): a recomputed copy of a forward node
+  // does not carry the host time of the node it copies.
+  const std::unordered_set<NodeId> copies(recomputed_nodes.begin(), recomputed_nodes.end());
+  std::unordered_map<NodeId, double> added;
+  for (std::size_t i = 0; i < decisions.size(); ++i) {
+    const ModelCandidate& c = model_->candidates()[i];
+    if (c.host_unless >= 0 &&
+        decisions[static_cast<std::size_t>(c.host_unless)] == Decision::kRecompute) {
+      continue;
+    }
+    if (decisions[i] == Decision::kOffload) added[c.node] += c.host_offload_ms;
+    if (decisions[i] == Decision::kRecompute) added[c.node] += c.host_recompute_ms;
+  }
+  for (Node& node : graph.nodes) {
+    if (copies.count(node.id)) {
+      node.cpu_ms.reset();
+      continue;
+    }
+    const auto it = added.find(node.id);
+    if (it == added.end()) continue;
+    node.cpu_ms = std::max(0.0, node.cpu_ms.value_or(0.0) + it->second);
+  }
+}
+
 void BudgetProblem::build_model() {
   const std::size_t n = graph_.nodes.size();
   const SimResult& timeline = baseline_;
@@ -542,11 +638,13 @@ void BudgetProblem::build_model() {
     for (std::size_t i = 0; i < narrow.size(); ++i) {
       if (probes_[i].exact_offload) narrow[i].can_offload = false;
     }
+    apply_host_costs(narrow);
     narrow_model_ = std::make_unique<BudgetModel>(std::move(narrow), node_ms, live, reload_anchor,
-                                                  cost_);
+                                                  cost_, host_ms());
   }
+  apply_host_costs(model);
   model_ = std::make_unique<BudgetModel>(std::move(model), std::move(node_ms), std::move(live),
-                                               std::move(reload_anchor), cost_);
+                                         std::move(reload_anchor), cost_, host_ms());
 }
 
 }  // namespace spillway::plan

@@ -75,6 +75,15 @@ class BudgetProblem {
   // times; drops the candidates that allow nothing.
   void probe_candidates();
   void build_model();
+  // Note [The host lane]: each position's cpu_ms (0 where absent), or empty
+  // when no node has one; host_costs onto the model's candidates (throws
+  // InvalidArgument for a name that is no node, or named twice); and a
+  // plan's graph with its decisions' host costs added to their producers (and
+  // none on its recomputed copies).
+  std::vector<double> host_ms() const;
+  void apply_host_costs(std::vector<ModelCandidate>& model) const;
+  void charge_host(const std::vector<Decision>& decisions, Graph& graph,
+                   const std::vector<NodeId>& recomputed_nodes) const;
   // BudgetOptions::release_when_copied: c's release positions and lags, for a
   // value produced in forward region `region`; forward_end is the position of
   // the last forward node before backward.

@@ -788,6 +788,12 @@ class Simulation {
     CopyStream h2d;
     std::vector<double> copy_done(n_, 0.0);  // by offload/reload position
     double t = 0;  // when the compute stream is free
+    // Execution model (12): when the host has issued the nodes so far; only
+    // where some node has cpu_ms.
+    const bool host_modelled =
+        std::any_of(graph_.nodes.begin(), graph_.nodes.end(),
+                    [](const Node& node) { return node.cpu_ms.has_value(); });
+    double host = 0;
     result.peak_bytes = -1;
     std::size_t next_late = 0;  // into late_allocations_
 
@@ -815,11 +821,21 @@ class Simulation {
         recategorise(static_cast<std::size_t>(in_flight_slot_[at]), kInFlight);
       }
 
+      if (host_modelled) {
+        const double issue = node.cpu_ms.value_or(0.0);
+        host += issue;
+        result.host_ms += issue;
+      }
       double start = t;
       double end = t;
       switch (role_[at]) {
         case Role::kCompute:
           end = t + duration_[at];
+          if (host_modelled && host > end) {
+            result.host_wait_ms += host - end;
+            start += host - end;
+            end = host;
+          }
           t = end;
           result.compute_busy_ms += duration_[at];
           if (timeline && duration_[at] > 0) {

@@ -87,6 +87,33 @@ TEST(Simulate, ChainOfTimedNodesSumsToTheStepTime) {
   EXPECT_EQ(r.intervals.size(), 3u);  // the timed nodes only
 }
 
+// Execution model (12): a host that takes longer to issue a node than the
+// device takes to run it holds the node's end back; the device runs ahead
+// again where the host is ahead.
+TEST(Simulate, ANodeEndsNoEarlierThanTheHostHasIssuedIt) {
+  GraphBuilder b;
+  auto x = b.input("x", mib_tensor(1));
+  auto a = timed(b, b.call("aten.relu.default", {x}, mib_tensor(1)), 1.0);
+  auto c = timed(b, b.call("aten.relu.default", {a}, mib_tensor(1)), 1.0);
+  auto d = timed(b, b.call("aten.relu.default", {c}, mib_tensor(1)), 4.0);
+  b.output({d});
+  Graph graph = b.build();
+  const SimResult plain = simulate(graph, CostModel(flat_profile()));
+  EXPECT_DOUBLE_EQ(plain.step_ms, 6.0);
+  EXPECT_EQ(plain.host_ms, 0);
+  b.node(a).cpu_ms = 0.5;  // ahead: no wait
+  b.node(c).cpu_ms = 3.0;  // issued at 3.5, ready by 2.0: c ends at 3.5
+  b.node(d).cpu_ms = 0.5;  // issued at 4.0, ready by 7.5
+  graph = b.build();
+  const SimResult r = simulate(graph, CostModel(flat_profile()));
+  EXPECT_DOUBLE_EQ(r.host_ms, 4.0);
+  EXPECT_DOUBLE_EQ(r.host_wait_ms, 1.5);
+  EXPECT_DOUBLE_EQ(point_of(r, c).start_ms, 2.5);
+  EXPECT_DOUBLE_EQ(point_of(r, c).end_ms, 3.5);
+  EXPECT_DOUBLE_EQ(point_of(r, d).end_ms, 7.5);
+  EXPECT_DOUBLE_EQ(r.step_ms, 7.5);
+}
+
 TEST(Simulate, StorageIsFreedAfterItsLastReader) {
   GraphBuilder b;
   auto x = b.input("x", mib_tensor(1));
