@@ -52,7 +52,11 @@ BENCHMARKS.md). Methods:
                          by_position=0|1 sets Note [Parts by position] for the run;
                          0 also turns off Note [Recipes by position], which needs it;
                          windows=0|1 Note [Catching in a window]; lean=0|1 Note [A
-                         leaner host path]; fast=0|1 Note [Kept saves in C++]).
+                         leaner host path]; fast=0|1 Note [Kept saves in C++];
+                         lane=0|1 Note [The host lane]; replan=0|1 Note [Replanning
+                         on the host's speed]: planned again at the fifth step (the
+                         third planned one) from the fourth's host times; --warmup >= 5
+                         measures the plan it takes from its second step).
                          The first two warm-up steps profile, the plan applies from the
                          third (needs --warmup >= 3). The results carry the plan's
                          forecast beside the measurement (a table of its own).
@@ -518,6 +522,12 @@ def _eager_budget(model, device: str, options: dict, plain):
     if "fast" in options:  # Note [Kept saves in C++]
         from spillway.activations import _eager_budget
         _eager_budget._FAST_KEEP = bool(options.pop("fast"))
+    if "lane" in options:  # Note [The host lane], the host's costs from the profile
+        from spillway.activations import _eager_budget
+        _eager_budget._HOST_LANE = bool(options.pop("lane"))
+    if "replan" in options:  # Note [Replanning on the host's speed] (needs --warmup >= 5)
+        from spillway.activations import _eager_budget
+        _eager_budget._HOST_REPLAN = bool(options.pop("replan"))
     ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
 
     def step(ids):
@@ -1004,7 +1014,32 @@ def _render_forecasts(results: list[dict]) -> list[str]:
         peak_err = f"{100 * (fpeak - peak) / peak:+.1f}%" if peak else "-"
         out.append(f"| {r['method']} | {mix} | {f['step_ms']:.1f} | {ms:.1f} | {step_err} | "
                    f"{fpeak:.2f} | {peak_cell} | {peak_err} | {departures} |")
-    return out + _render_block_hosts(results)
+    return out + _render_block_hosts(results) + _render_replans(results)
+
+
+def _render_replans(results: list[dict]) -> list[str]:
+    """spillway-eager-budget with replan=1: what the replan found (Note [Replanning on
+    the host's speed], _eager_budget.py)."""
+    rows = [(r["method"], r["method_stats"]["host_replan"]) for r in results
+            if (r.get("method_stats") or {}).get("host_replan")]
+    if not rows:
+        return []
+    out = ["\nThe replan on the host's measured speed: the host's speed over the cost model's "
+           "(scale), its ms between block calls, the first plan's forecast without and with "
+           "that host, the replan's forecast, and whether it was taken (the forecast above "
+           "is then the new plan's):\n",
+           "| method | at planned step | scale | between ms | first plan: device / with host "
+           "ms | replanned ms | taken |",
+           "|---|---|---|---|---|---|---|"]
+    for method, h in rows:
+        if "skipped" in h and "scale" not in h:
+            out.append(f"| {method} | {h['planned_step']} | skipped: {h['skipped']} | | | | |")
+            continue
+        replanned = f"{h['replanned_ms']:.1f}" if "replanned_ms" in h else h.get("skipped", "-")
+        out.append(f"| {method} | {h['planned_step']} | {h['scale']:.2f} | "
+                   f"{h['between_ms']:.2f} | {h['running_device_ms']:.1f} / "
+                   f"{h['running_ms']:.1f} | {replanned} | {'yes' if h['adopted'] else 'no'} |")
+    return out
 
 
 def _render_block_hosts(results: list[dict]) -> list[str]:
@@ -1122,6 +1157,10 @@ def main() -> int:
                                for m in args.method):
         parser.error("spillway-eager-budget and spillway-trace profile or record their first "
                      "two steps and plan at the third: --warmup must be >= 3")
+    if args.warmup < 5 and any(m.startswith("spillway-eager-budget") and "replan=1" in m
+                               for m in args.method):
+        parser.error("spillway-eager-budget's replan=1 plans again at the fifth step: "
+                     "--warmup must be >= 5")
     if args.one:
         print("T1RESULT " + json.dumps(run_one(args.one, args)), flush=True)
         return 0

@@ -1370,6 +1370,36 @@ def test_cuda_the_host_path_flags_change_no_bit(linear_recipes, monkeypatch):
 
 
 @needs_cuda
+def test_cuda_a_plan_made_again_on_the_hosts_speed_stays_bit_exact(monkeypatch):
+    """Notes [The host lane] and [Replanning on the host's speed] on the GPU, bf16 Llama
+    at 0.7 of its peak: the first plan is made with the profile's host costs, the third
+    planned step plans again on the host times of the second; every step, across the
+    switch if one is made, is bit-equal to the plain step, and the peaks fit."""
+    from spillway.activations import _eager_budget
+
+    monkeypatch.setattr(_eager_budget, "_HOST_LANE", True)
+    monkeypatch.setattr(_eager_budget, "_HOST_REPLAN", True)
+    with deterministic_cuda():
+        work = _cuda_llama()
+        control = _cuda_step(work, None)
+        ref_loss, ref_grads, _ = _cuda_step(work, None)
+        _assert_same(ref_loss, ref_grads, *control[:2], "reference")
+        ctx = offload_activations(work.model, memory_budget=0.7)
+        peaks = []
+        for k in range(2 + _eager_budget._REPLAN_AT + 1):
+            loss, grads, peak = _cuda_step(work, ctx)
+            _assert_same(loss, grads, ref_loss, ref_grads, k)
+            peaks.append(peak)
+    record = ctx.stats()["host_replan"]
+    assert record["planned_step"] == _eager_budget._REPLAN_AT and "skipped" not in record, record
+    assert record["scale"] > 0 and record["running_ms"] >= record["running_device_ms"] - 1e-6
+    forecast = ctx.plan.forecast()
+    assert forecast["host_ms"] > 0
+    assert "host_costs_json" in ctx.plan.planner_options
+    assert max(peaks[2:]) <= ctx.plan.budget_bytes * 1.02, (peaks, ctx.plan.budget_bytes)
+
+
+@needs_cuda
 def test_cuda_the_heads_late_tensors_leave_before_the_loss_backward_bit_exactly():
     """Note [The head's late tensors], bf16 Llama with a 32k vocabulary on the GPU: the
     loss's backward is the step's peak (as on T1). Every block checkpointed with its input
@@ -1861,3 +1891,134 @@ def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
     del loss
+
+
+# ---- Note [The host lane] -----------------------------------------------------
+
+
+def test_the_host_lane_charges_each_blocks_launch_and_the_plan_stays_exact(no_leaks,
+                                                                           monkeypatch):
+    """_HOST_LANE (off by default): the block graph carries each call's host time by
+    Note [Host costs by mode], the planner's forecast gives the host's share, a host
+    that cannot keep up makes the planner avoid what costs it most, and the steps stay
+    bit-equal."""
+    from spillway.activations import _budget_graph, _eager_budget
+
+    work = WORKLOADS["llama"]()
+    smallest, baseline = _reachable_range(work)
+    value = smallest + (baseline - smallest) // 2
+    monkeypatch.setattr(_eager_budget, "_HOST_LANE", True)
+    # On the CPU the device is the launching thread and the lane stays off; here it is
+    # taken for a device apart, as a GPU is.
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_host_apart", lambda self: True)
+    ctx = _run(work, _budget_ctx(work, value), steps=3)
+    plan = ctx.plan
+    calls = plan.profile.calls
+    assert all(c.forward_host_ms is not None and c.forward_host_ms > 0 for c in calls)
+    nodes = {n["name"]: n for n in plan.graph["nodes"]}
+    ratios = _budget_graph.HOST_RATIOS
+    for k, call in enumerate(calls):
+        assert nodes[f"b{k}_forward"]["cpu_ms"] == pytest.approx(ratios["keep"]
+                                                                 * call.forward_host_ms)
+    costs = json.loads(plan.planner_options["host_costs_json"])
+    assert {c["value"] for c in costs} >= {f"b{k}_forward" for k in range(len(calls))}
+    forecast = plan.forecast()
+    assert forecast["host_ms"] > 0 and forecast["host_wait_ms"] >= 0
+    assert forecast["peak_bytes"] <= plan.budget_bytes
+
+    # The same graph with a host far slower than the device: the lane's plan checkpoints
+    # or keeps where the blind one rebuilt or offloaded, and is forecast slower.
+    slow = json.loads(json.dumps(plan.graph))
+    for node in slow["nodes"]:
+        if "cpu_ms" in node:
+            node["cpu_ms"] *= 1e3
+    slow_costs = [{**c, "offload_ms": 1e3 * c.get("offload_ms", 0.0),
+                   "recompute_ms": 1e3 * c.get("recompute_ms", 0.0)} for c in costs]
+    options = {k: v for k, v in plan.planner_options.items() if k != "host_costs_json"}
+    unlaned = json.loads(json.dumps(plan.graph))
+    for node in unlaned["nodes"]:
+        node.pop("cpu_ms", None)
+    blind = json.loads(_C.plan_memory_budget(json.dumps(unlaned), plan.planner_budget_bytes,
+                                             **options))
+    aware = json.loads(_C.plan_memory_budget(json.dumps(slow), plan.planner_budget_bytes,
+                                             **options, host_costs_json=json.dumps(slow_costs)))
+    assert "host_ms" not in blind["forecast"]
+    assert aware["forecast"]["host_wait_ms"] > 0
+    assert aware["forecast"]["peak_bytes"] <= plan.planner_budget_bytes
+    by_cost = {c["value"]: c for c in slow_costs}
+
+    def host_extra(result):
+        decided = {c["name"]: c["decision"] for c in result["choices"]}
+        total = 0.0
+        for name, cost in by_cost.items():
+            if decided.get(cost.get("unless_recomputed")) == "recompute":
+                continue
+            total += {"offload": cost.get("offload_ms", 0.0),
+                      "recompute": cost.get("recompute_ms", 0.0)}.get(decided.get(name), 0.0)
+        return total
+
+    assert host_extra(aware) < host_extra(blind)
+    with pytest.raises(ValueError, match="no_such_node"):
+        _C.plan_memory_budget(json.dumps(plan.graph), plan.planner_budget_bytes, **options,
+                              host_costs_json=json.dumps([{"value": "no_such_node"}]))
+    with pytest.raises(ValueError, match="JSON list"):
+        _C.plan_memory_budget(json.dumps(plan.graph), plan.planner_budget_bytes, **options,
+                              host_costs_json='{"value": 1}')
+
+
+def test_a_plan_made_again_on_the_hosts_speed_is_taken_bit_exactly(no_leaks, monkeypatch):
+    """Note [Replanning on the host's speed] (_HOST_REPLAN, off by default): at the start
+    of planned step _REPLAN_AT the context plans again with the host lane scaled to the
+    host times of the step before. A host measured far slower than the device takes a
+    plan whose host work is smaller; the steps before, across and after the switch are
+    bit-equal to plain ones, and it happens once."""
+    from spillway.activations import _budget_graph, _eager_budget
+
+    work = WORKLOADS["llama"]()
+    smallest, baseline = _reachable_range(work)
+    monkeypatch.setattr(_eager_budget, "_HOST_REPLAN", True)
+    ctx = _budget_ctx(work, smallest + (baseline - smallest) // 2)
+    slow = [False]
+    original = _eager_budget.BudgetedOffload._replan_on_host
+
+    def replan_on_a_slow_host(self):
+        if slow[0]:  # what the steps before measured, as a host 1000x slower would
+            self._block_host_ms = {k: 1e3 * ms for k, ms in self._block_host_ms.items()}
+            self._forward_host[1] *= 1e3
+        return original(self)
+
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_replan_on_host", replan_on_a_slow_host)
+    # On the CPU the device is the launching thread, and the context does not replan
+    # (checked last); here it is taken for a device apart, as a GPU is.
+    apart = [True]
+    monkeypatch.setattr(_eager_budget.BudgetedOffload, "_host_apart", lambda self: apart[0])
+    _run(work, ctx, steps=1 + _eager_budget._REPLAN_AT - 1)  # profile, planned steps 1-2
+    first = ctx.plan
+    assert "host_replan" not in ctx.stats()
+    slow[0] = True
+    _run(work, ctx, steps=3, seed=200)  # replanned at the first of these, then two more
+    record = ctx.stats()["host_replan"]
+    assert record["planned_step"] == _eager_budget._REPLAN_AT
+    assert record["scale"] > 100 and record["running_host_wait_ms"] > 0, record
+    assert record["adopted"], record
+    assert record["replanned_ms"] < record["running_ms"]
+    second = ctx.plan
+    assert second is not first
+    assert "host_costs_json" in second.planner_options
+    assert second.forecast()["host_ms"] > 0
+    assert second.forecast()["peak_bytes"] <= second.budget_bytes
+
+    def host_work(plan):
+        return sum(_budget_graph.mode_ratio(c.saved, c.linear, c.cheap, c.input)
+                   * call.forward_host_ms for c, call in zip(plan.choices, plan.profile.calls))
+
+    assert host_work(second) < host_work(first)
+    _run(work, ctx, steps=1, seed=300)
+    assert ctx.plan is second  # once
+
+    apart[0] = False
+    ctx = _run(work, _budget_ctx(work, smallest + (baseline - smallest) // 2),
+               steps=1 + _eager_budget._REPLAN_AT, seed=400)
+    assert ctx.stats()["host_replan"] == {"planned_step": _eager_budget._REPLAN_AT,
+                                          "adopted": False,
+                                          "skipped": "the device runs on the launching thread"}

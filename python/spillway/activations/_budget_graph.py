@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import dataclass, field
 
 NAMESPACE = "eager_block"
@@ -138,8 +139,9 @@ class BlockCall:
     saves_input: bool | None = None
     # The launching thread's time (perf_counter) for the block's forward as the profiling
     # step ran it (checkpointed: no saves), and for its recompute in that step's backward
-    # (under the Recorder, each save classified). The simulator does not model the host:
-    # Note [The host's share] (_eager_budget.py). None: not measured.
+    # (under the Recorder, each save classified). The host lane scales the first by
+    # Note [Host costs by mode] (host_lane); Note [The host's share] (_eager_budget.py).
+    # None: not measured.
     forward_host_ms: float | None = None
     recorded_host_ms: float | None = None
 
@@ -330,6 +332,106 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
             "metadata": {"exporter": "spillway.activations._budget_graph/1",
                          "blocks": str(len(profile.calls))},
             "ops": ops, "nodes": w.nodes}
+
+
+# Note [Host costs by mode]. The host lane (Note [The host lane],
+# src/plan/budget_problem.cc) needs, per block call, what launching it costs the host
+# under each decision. The profiling step measures one launch per call: the block
+# checkpointed (BlockCall.forward_host_ms, P). The costs of the other ways are P times
+# these ratios, fitted (non-negative least squares, one ratio per way of launching, the
+# first and last block left out) to the per-block host ms of every planned step of the
+# T1 runs v16, v17 (H100) and v18 (H200): 290 blocks. The fit's median error per block
+# is 28 % (90th percentile 90 %): the host's speed moves within a process between the
+# profiling step and the planned ones (v18's 15 GiB run launched checkpointed blocks in
+# 1.6 ms while profiling, then rebuilt blocks in 7.5-10.9 ms). The figures are a cost
+# model, not a measurement of the running process; _eager_budget._HOST_LANE uses them.
+HOST_RATIOS = {
+    "keep": 0.76,            # every save kept, by position
+    "checkpointed": 1.23,    # S_k recomputed: the block runs under a checkpoint
+    "saved_offload": 0.75,   # + S_k offloaded
+    "linear_offload": 0.26,  # + L_k offloaded (also C_k offloaded: a few storages)
+    "linear_rebuild": 0.0,   # + L_k rebuilt by its recipes
+    "cheap_rebuild": 1.49,   # + C_k rebuilt by its recipes
+    "input_offload": 0.12,   # + the block's input offloaded
+}
+
+
+def mode_ratio(saved: str, linear: str | None, cheap: str | None, input: str) -> float:
+    """A block call's host time under these decisions (BlockChoice's fields) over its
+    checkpointed launch's, by Note [Host costs by mode]."""
+    r = HOST_RATIOS
+    if saved == "recompute":
+        ratio = r["checkpointed"]
+    else:
+        ratio = r["keep"] + (r["saved_offload"] if saved == "offload" else 0.0)
+        for part, rebuild in ((linear, "linear_rebuild"), (cheap, "cheap_rebuild")):
+            ratio += {"offload": r["linear_offload"], "recompute": r[rebuild]}.get(part, 0.0)
+    return ratio + (r["input_offload"] if input == "offload" else 0.0)
+
+
+def host_lane(graph: dict, profile: StepProfile, *, scale: float = 1.0,
+              between_ms: float = 0.0) -> list[dict]:
+    """Writes each block call's host time as cpu_ms onto `graph` (block_graph's dict)
+    and returns the decisions' host costs (BudgetOptions::host_costs as JSON-ready
+    dicts) by Note [Host costs by mode], each forward_host_ms times `scale` (the
+    host's speed as measured since: Note [Replanning on the host's speed] in
+    _eager_budget.py), plus `between_ms` a call whatever its decisions (the host's
+    time between block calls: the hooks around them). Writes nothing and returns []
+    where a call has no forward_host_ms: the planner then does not model the host."""
+    if not profile.calls or any(c.forward_host_ms is None for c in profile.calls):
+        return []
+    nodes = {n["name"]: n for n in graph["nodes"]}
+    r = HOST_RATIOS
+    costs = []
+    for k, call in enumerate(profile.calls):
+        p = call.forward_host_ms * scale
+        forward = f"b{k}_forward"
+        nodes[forward]["cpu_ms"] = r["keep"] * p + between_ms
+        costs.append({"value": forward, "offload_ms": r["saved_offload"] * p,
+                      "recompute_ms": (r["checkpointed"] - r["keep"]) * p})
+        for part, rebuild in (("linear", "linear_rebuild"), ("cheap", "cheap_rebuild")):
+            if f"b{k}_{part}" in nodes:
+                costs.append({"value": f"b{k}_{part}", "offload_ms": r["linear_offload"] * p,
+                              "recompute_ms": r[rebuild] * p, "unless_recomputed": forward})
+        # X_k, block k+1's input (the last one's is the head's: charged at its producer).
+        output = "pre_output" if k == 0 else f"b{k - 1}_output"
+        costs.append({"value": output, "offload_ms": r["input_offload"] * p})
+    return costs
+
+
+def measured_host_lane(graph: dict, profile: StepProfile, ratios: list[float],
+                       block_host_ms: list[float], forward_host_ms: float
+                       ) -> tuple[list[dict], float, float]:
+    """host_lane at the host's speed as a planned step measured it (Note [Replanning on
+    the host's speed], _eager_budget.py): `ratios` are mode_ratio of each call's
+    decisions, `block_host_ms` each call's host ms in that step and `forward_host_ms`
+    its whole forward's. Returns the host costs, the scale (the median of each call's
+    measured over modelled ms) and the host ms a call takes outside its block call
+    (the forward's time beyond them, spread evenly)."""
+    scale = statistics.median(h / (r * c.forward_host_ms)
+                              for h, r, c in zip(block_host_ms, ratios, profile.calls))
+    between = max(0.0, forward_host_ms - sum(block_host_ms)) / len(profile.calls)
+    return host_lane(graph, profile, scale=scale, between_ms=between), scale, between
+
+
+def charge_host(planned: dict, graph: dict, costs: list[dict], decisions: dict) -> dict:
+    """`planned` (a plan's rewritten graph, plan_memory_budget's planned_graph) with the
+    host times of `graph` (host_lane's) and each decision's cost added at its producer,
+    as the planner charges them (Note [The host lane]): the plan simulated on a host
+    model it was not made with. Changes and returns `planned`."""
+    by_name = {n["name"]: n for n in planned["nodes"]}
+    for node in graph["nodes"]:
+        if "cpu_ms" in node:
+            by_name[node["name"]]["cpu_ms"] = node["cpu_ms"]
+    for cost in costs:
+        if decisions.get(cost.get("unless_recomputed")) == "recompute":
+            continue
+        added = {"offload": cost.get("offload_ms", 0.0),
+                 "recompute": cost.get("recompute_ms", 0.0)}.get(
+                     decisions.get(cost["value"], "keep"), 0.0)
+        node = by_name[cost["value"]]
+        node["cpu_ms"] = max(0.0, node.get("cpu_ms", 0.0) + added)
+    return planned
 
 
 def rebuild_ms(simulate, traffic: int, ops: int, device: str) -> float:

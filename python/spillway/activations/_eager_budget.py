@@ -108,7 +108,9 @@ from spillway.activations._eager_store import _Kept, _Layer
 from spillway.activations._recipes import (RebuildProbe, Recipe, RecipeScope, Recorder, SaveParts,
                                            nodes_of, save_layout, storage_key)
 from spillway.activations._budget_graph import (BlockCall, StepProfile, as_run_peak,
-                                                block_graph, calibrate, placeholder_bytes,
+                                                block_graph, calibrate, charge_host,
+                                                host_lane, measured_host_lane, mode_ratio,
+                                                placeholder_bytes,
                                                 rebuild_ms)
 
 __all__ = ["BudgetedOffload", "EagerBudgetPlan", "BlockChoice", "parse_memory_budget"]
@@ -145,6 +147,22 @@ _CATCH_IN_WINDOWS = False
 # its table's first such call kept in C++, where nothing Python's hook reads of them
 # changed. Off until measured on T1.
 _FAST_KEEP = False
+# Note [The host lane] (src/plan/budget_problem.cc): the first plan sees what each block
+# call costs the thread that launches it, from the profiling step's launches (Note [Host
+# costs by mode], _budget_graph.py), and that the device cannot run a block before it
+# is launched. Off: on the recorded T1 runs v16-v18 those costs forecast 12 of 21 plans
+# within 5 % of their steps, the device alone 11 (the host's speed moves after the
+# profiling step; bench/results/2026-12-08-host-lane-replay-cpu.md).
+_HOST_LANE = False
+# Note [Replanning on the host's speed]: the planned step that starts when _REPLAN_AT
+# planned steps have begun is planned again with the host lane, its host costs scaled
+# to the speed the host ran the step before at; the new plan is taken where its
+# forecast beats the running plan's, both with that host, by _REPLAN_MARGIN. Off until
+# measured on T1 (on the recorded runs v16-v18, the cost model scaled to a planned
+# step's speed forecast that step within 3.6 % for all 21 plans).
+_HOST_REPLAN = False
+_REPLAN_AT = 3
+_REPLAN_MARGIN = 0.01
 _REASONS = eager._SKIP_REASONS  # FastKeep counts by index
 
 
@@ -326,7 +344,10 @@ class _CallPolicy:
 # issued it) accounts for most of each plan's miss (15 GiB: 27.9 of 31.7 ms), but the
 # profiling step does not give those times beforehand: its recompute runs in backward,
 # where the first one took 66-89 ms and the others 3.7-7.6 ms against 4.2-10.4 planned.
-# So the forecast stays the device's; making the hooks cheaper is what keeps it true.
+# The simulator has that pipeline now (Note [The host lane], src/plan/budget_problem.cc),
+# fed with the profile's launches (_HOST_LANE) or, better, with the host's speed as the
+# planned steps measure it (Note [Replanning on the host's speed]); both off until
+# measured on T1. Making the hooks cheaper is what keeps the device's forecast true.
 
 
 class EagerBudgetPlan:
@@ -371,7 +392,8 @@ class EagerBudgetPlan:
         graph_baseline_peak_bytes the planner's, which it fitted to the budget."""
         f, b = self.result["forecast"], self.result["baseline"]
         out = {k: f[k] for k in ("step_ms", "peak_bytes", "bytes_offloaded", "bytes_recomputed",
-                                 "recompute_ms", "compute_wait_ms", "peak_node", "peak_phase")
+                                 "recompute_ms", "compute_wait_ms", "peak_node", "peak_phase",
+                                 "host_ms", "host_wait_ms")
                if k in f}
         out.update(baseline_step_ms=b["step_ms"], baseline_peak_bytes=b["peak_bytes"],
                    budget_bytes=self.budget_bytes, graph_peak_bytes=f["peak_bytes"],
@@ -590,6 +612,11 @@ class BudgetedOffload(eager.OffloadActivations):
         self._fast_armed = None
         self._fast_tables: dict[int, tuple] = {}
         self._block_host_ms: dict[int, float] = {}  # stats(): per block call ordinal
+        # Note [Replanning on the host's speed]: planned steps begun, the host's ms for the
+        # last planned forward (its start), and what the replan found (stats()).
+        self._planned_steps = 0
+        self._forward_host: list[float] = [0.0, 0.0]
+        self._host_replan: dict | None = None
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
         # Note [The head's late tensors]: the plan offloads them (from the profile: the
         # positions of their saves after the last block); the head's layer of this step,
@@ -672,7 +699,11 @@ class BudgetedOffload(eager.OffloadActivations):
             if len(self._profiled) >= self._profile_steps:
                 self._make_plan()  # the planner's MemoryError leaves through the model call
         if self.plan is not None:
+            self._planned_steps += 1
+            if _HOST_REPLAN and self._host_replan is None and self._planned_steps >= _REPLAN_AT:
+                self._replan_on_host()
             self._pass_mode = "plan"
+            self._forward_host[0] = time.perf_counter()
         elif self._recording is None:
             self._pass_mode = "profile"
             self._start_recording()
@@ -681,6 +712,7 @@ class BudgetedOffload(eager.OffloadActivations):
 
     def _on_model_end(self, module, args, output):
         if self._pass_mode == "plan":
+            self._forward_host[1] = 1e3 * (time.perf_counter() - self._forward_host[0])
             # The plan's waits that are due after the last block (its lag points past it:
             # the end of forward) run here and let the device copies go. Without this the
             # store would keep them resident when backward starts. The head's layer ends.
@@ -1246,7 +1278,8 @@ class BudgetedOffload(eager.OffloadActivations):
 
     # ---- planning -----------------------------------------------------------
 
-    def _fastest_plan(self, text: str, budget: int, input_bytes: int) -> tuple[dict, dict]:
+    def _fastest_plan(self, text: str, budget: int, input_bytes: int,
+                      host_costs: list[dict] = ()) -> tuple[dict, dict]:
         """The planner at each prefetch distance from the context's `prefetch` up (the
         store reloads a block's tensors that many block calls ahead of its backward; a
         copy longer than a block needs more), with and without the blocks' inputs as
@@ -1270,6 +1303,8 @@ class BudgetedOffload(eager.OffloadActivations):
             for floor in floors:
                 options = self._planner_options(distance)
                 options["min_bytes"] = floor
+                if host_costs:  # Note [The host lane]
+                    options["host_costs_json"] = json.dumps(host_costs)
                 try:
                     # With the planned timeline, for the run's peak (as_run_peak).
                     result = json.loads(_bindings().plan_memory_budget(text, budget, **options,
@@ -1334,6 +1369,7 @@ class BudgetedOffload(eager.OffloadActivations):
             resident, offset_bytes = placeholder_bytes(allocated, offset)
             graph = block_graph(profile, resident_bytes=resident, offset_bytes=offset_bytes,
                                 device=device, transients=transients)
+            host_costs = host_lane(graph, profile) if _HOST_LANE and self._host_apart() else []
             text = json.dumps(graph)
             unplanned = self._simulate(text, timeline=True)
             baseline, _ = as_run_peak(unplanned["timeline"], {}, profile)
@@ -1343,7 +1379,7 @@ class BudgetedOffload(eager.OffloadActivations):
             # own peak may lie above it (Note [What a kept block holds]).
             planned = max(budget, unplanned["peak_bytes"]) if budget >= baseline else budget
             try:
-                options, result = self._fastest_plan(text, planned, inputs)
+                options, result = self._fastest_plan(text, planned, inputs, host_costs)
             except MemoryError as e:
                 # The first graph's reaches the lowest peak. No traceback: see _fastest_plan.
                 error = error or e.with_traceback(None)
@@ -1352,7 +1388,12 @@ class BudgetedOffload(eager.OffloadActivations):
                 best = (options, result, graph, calibration, profile, planned, baseline)
         if best is None:
             raise error
-        options, result, graph, calibration, profile, planned, baseline = best
+        self._adopt(*best, budget=budget)
+
+    def _adopt(self, options: dict, result: dict, graph: dict, calibration: dict,
+               profile: StepProfile, planned: int, baseline: int, *, budget: int) -> None:
+        """Makes `result` (the planner's answer on `graph` for `planned` bytes; the
+        user's budget: `budget`) the context's plan."""
         decisions = {c["name"]: c["decision"] for c in result["choices"]}
         as_run = dict(zip(("peak_bytes", "peak_node"),
                           as_run_peak(result.pop("timeline"), decisions, profile)))
@@ -1366,6 +1407,75 @@ class BudgetedOffload(eager.OffloadActivations):
                                     graph=graph, options=options, calibration=calibration,
                                     profile=profile, head=head, as_run=as_run,
                                     planner_budget_bytes=planned)
+
+    # Note [Replanning on the host's speed]. The host lane (Note [The host lane],
+    # src/plan/budget_problem.cc) forecasts a step well when it knows the host's time per
+    # block call: replayed on T1's recorded runs (v16, v17 on the H100, v18 on the H200:
+    # bench/results/2026-12-08-host-lane-replay-cpu.md), each plan with each block's
+    # host ms from its last planned step forecast that step within 2.6 %, where the
+    # device's forecast missed by up to 19.6 %. But the profiling step's launches do not
+    # predict those times: the host's speed moves between the profiling step and the
+    # planned ones (Note [Host costs by mode]). So the context plans once more when
+    # _REPLAN_AT planned steps have begun, from the step before's (the first planned
+    # step learns by position and is slower): its blocks' host ms over what Note [Host
+    # costs by mode] gives the decisions they ran give the host's speed now (the median
+    # ratio, `scale`), and its forward's host time beyond its block calls (the hooks
+    # around them) is spread over the calls. The running plan is simulated with that
+    # host, and the planner plans with it; the new plan is taken where its forecast is
+    # faster by _REPLAN_MARGIN. It is made once: a host whose speed keeps moving would
+    # otherwise move the plan with it. Each plan is exact, so the switch changes no bit;
+    # the new plan's first step learns its calls by position again.
+    def _host_apart(self) -> bool:
+        """Whether the device runs apart from the thread that launches its work (CUDA), as
+        the host lane assumes; on the CPU (the fake backend) they are one."""
+        return self._device.type == "cuda"
+
+    def _replan_on_host(self) -> None:
+        plan = self.plan
+        calls, choices = plan.profile.calls, plan.choices
+        record: dict = {"planned_step": self._planned_steps, "adopted": False}
+        self._host_replan = record
+        if not self._host_apart():
+            record["skipped"] = "the device runs on the launching thread"
+            return
+        host = [self._block_host_ms.get(k) for k in range(len(calls))]
+        if (any(h is None for h in host) or len(choices) != len(calls)
+                or any(not c.forward_host_ms for c in calls) or self._forward_host[1] <= 0):
+            record["skipped"] = "a block call without host times"
+            return
+        graph = json.loads(json.dumps(plan.graph))
+        for node in graph["nodes"]:
+            node.pop("cpu_ms", None)
+        ratios = [mode_ratio(c.saved, c.linear, c.cheap, c.input) for c in choices]
+        costs, scale, between = measured_host_lane(graph, plan.profile, ratios, host,
+                                                   self._forward_host[1])
+        # The running plan, made again (its graph and options give it bit for bit), with
+        # this host instead of any it was made with.
+        running = json.loads(_bindings().plan_memory_budget(
+            json.dumps(plan.graph), plan.planner_budget_bytes, **plan.planner_options,
+            planned_graph=True))
+        for node in running["graph"]["nodes"]:
+            node.pop("cpu_ms", None)
+        decisions = {c["name"]: c["decision"] for c in running["choices"]}
+        charged = charge_host(running["graph"], graph, costs, decisions)
+        now = self._simulate(json.dumps(charged), running["recomputed_nodes"])
+        record.update(scale=round(scale, 4), between_ms=round(between, 4),
+                      running_ms=now["step_ms"], running_host_wait_ms=now["host_wait_ms"],
+                      running_device_ms=running["forecast"]["step_ms"])
+        inputs = max((c.output_bytes for c in calls), default=0)
+        try:
+            new_options, result = self._fastest_plan(json.dumps(graph),
+                                                     plan.planner_budget_bytes, inputs, costs)
+        except MemoryError as e:  # the running plan fits: keep it
+            record["skipped"] = str(e.with_traceback(None))
+            return
+        record["replanned_ms"] = result["forecast"]["step_ms"]
+        if result["forecast"]["step_ms"] >= (1.0 - _REPLAN_MARGIN) * now["step_ms"]:
+            return
+        record["adopted"] = True
+        self._adopt(new_options, result, graph, plan.calibration, plan.profile,
+                    plan.planner_budget_bytes, plan.forecast()["baseline_peak_bytes"],
+                    budget=plan.budget_bytes)
 
     def _time_rebuilds(self, calls: list[BlockCall]) -> None:
         """Each call's cheap_ms: its selective recompute (the profiling step's
@@ -1511,4 +1621,6 @@ class BudgetedOffload(eager.OffloadActivations):
             # profiling step's, without them).
             out["block_forward_host_ms"] = [round(self._block_host_ms[k], 3)
                                             for k in sorted(self._block_host_ms)]
+            if self._host_replan is not None:  # Note [Replanning on the host's speed]
+                out["host_replan"] = dict(self._host_replan)
         return out
