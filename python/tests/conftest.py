@@ -27,3 +27,27 @@ def pytest_configure(config):
                 f"[tests] {name} resolves to {spec.origin}, not to this tree's {IN_TREE}: an "
                 "installed copy shadows the package under test (`pip uninstall spillway` "
                 "removes it)")
+
+
+# The eager suites run tiny models whose ops take microseconds: torch's intra-op threads
+# only contend there (two pytest workers on CI's two cores, each with two threads). On
+# that machine they took 232 s with the default threads and 51 s with one (2026-12-07).
+# The Inductor suites compile and run larger kernels, and keep the default.
+_ONE_THREAD_MODULES = ("test_eager", "test_eager_budget", "test_eager_adversarial",
+                       "test_eager_arguments", "test_eager_host_bench")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread_for_eager_suites(request):
+    name = request.module.__name__.rpartition(".")[2]
+    if name not in _ONE_THREAD_MODULES:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
