@@ -73,11 +73,14 @@ def _model(device: str, layers: int):
     return model, ids
 
 
-def _forward_host_ms(model, ids, ctx, steps: int, sync, profile=None) -> tuple[float, int]:
-    """(median host ms of the forward, tensors the context saw per step); with `profile`
-    (a cProfile.Profile), each forward runs under it and backward outside it."""
+def _forward_host_ms(model, ids, ctx, steps: int, sync, profile=None
+                     ) -> tuple[float, int, float | None]:
+    """(median host ms of the forward, tensors the context saw per step, median host ms
+    of the forward outside its block calls: the hooks around them, the embeddings and
+    the head; None without planned block calls); with `profile` (a cProfile.Profile),
+    each forward runs under it and backward outside it."""
     seen0 = ctx.stats()["tensors_seen"] if ctx is not None else 0
-    times = []
+    times, between = [], []
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
         sync()
@@ -92,10 +95,13 @@ def _forward_host_ms(model, ids, ctx, steps: int, sync, profile=None) -> tuple[f
         if profile is not None:
             profile.disable()
         times.append(1e3 * (time.perf_counter() - t0))
+        blocks = (ctx.stats().get("block_forward_host_ms") or []) if ctx is not None else []
+        if blocks:
+            between.append(times[-1] - sum(blocks))
         loss.backward()
         sync()
     seen = (ctx.stats()["tensors_seen"] - seen0) // steps if ctx is not None else 0
-    return statistics.median(times), seen
+    return statistics.median(times), seen, statistics.median(between) if between else None
 
 
 def _profiled(model, ids, ctx, steps: int, sync, top: int = 30) -> str:
@@ -162,8 +168,9 @@ def main() -> int:
 
     def measure(name, ctx):
         _forward_host_ms(model, ids, ctx, warm, sync)
-        ms, seen = _forward_host_ms(model, ids, ctx, args.steps, sync)
-        rows.append(dict(way=name, forward_host_ms=round(ms, 3), tensors_seen=seen))
+        ms, seen, between = _forward_host_ms(model, ids, ctx, args.steps, sync)
+        rows.append(dict(way=name, forward_host_ms=round(ms, 3), tensors_seen=seen,
+                         outside_blocks_ms=None if between is None else round(between, 3)))
         if args.profile > 0 and args.profile_way in name:
             profiles.append((name, _profiled(model, ids, ctx, args.profile, sync)))
 
@@ -223,15 +230,17 @@ def main() -> int:
     print(f"# eager hooks on the host: {args.layers} layers, {args.device}, {args.dtype}, "
           f"torch {torch.__version__}, median of {args.steps} forwards\n")
     print("| way | forward host ms | over none, per block us | saved tensors seen | "
-          "over none, per tensor us |")
-    print("|---|---|---|---|---|")
+          "over none, per tensor us | outside block calls ms |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         over = r["forward_host_ms"] - none
         per_block = 1e3 * over / args.layers
         per_tensor = f"{1e3 * over / r['tensors_seen']:.1f}" if r["tensors_seen"] else "-"
         r.update(over_none_per_block_us=round(per_block, 1))
+        outside = r["outside_blocks_ms"]
         print(f"| {r['way']} | {r['forward_host_ms']:.2f} | {per_block:.0f} | "
-              f"{r['tensors_seen'] or '-'} | {per_tensor} |")
+              f"{r['tensors_seen'] or '-'} | {per_tensor} | "
+              f"{'-' if outside is None else f'{outside:.2f}'} |")
     for name, text in profiles:
         print(f"\n## {name}: {args.profile} forwards under cProfile, by own time\n")
         print(text)

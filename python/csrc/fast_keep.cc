@@ -1,6 +1,7 @@
 // spillway._C.FastKeep, FastTable and FastKept: the kept saves of a block call by
 // position, packed without Python (Note [Kept saves in C++]).
 
+#include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -210,9 +211,25 @@ class FastKeep {
   bool armed_ = false, learning_ = false, departed_ = false;
 };
 
+// _eager_store.version_witness in C++ (Note [A leaner host path]): a tensor of t's
+// dtype and device, with no elements, sharing t's version counter, so an in-place
+// write to t shows in the witness's _version. None for a tensor without a version
+// counter (an inference tensor): Python's way then answers.
+py::object version_witness(py::handle obj) {
+  if (!THPVariable_Check(obj.ptr())) throw py::type_error("version_witness: expected a tensor");
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  const c10::VariableVersion& version = t.unsafeGetTensorImpl()->version_counter();
+  if (!version.enabled()) return py::none();
+  at::Tensor witness = at::empty({0}, t.options());
+  witness.unsafeGetTensorImpl()->set_version_counter(version);
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(witness)));
+}
+
 }  // namespace
 
 void init_fast_keep(py::module_& m) {
+  m.def("version_witness", &version_witness, py::arg("tensor"),
+        "A tensor of no elements sharing the given tensor's version counter");
   py::class_<FastTable, std::shared_ptr<FastTable>>(
       m, "FastTable", "What one learned table keeps in C++ (Note [Kept saves in C++])")
       .def(py::init<>())

@@ -63,8 +63,14 @@ def version_witness(t: torch.Tensor) -> torch.Tensor:
 
     An alias made by _make_subclass shares the version counter (like detach());
     set_ then points it at an empty storage. set_ bumps the shared counter, so
-    the counter is put back.
+    the counter is put back. With eager._LEAN_HOST (Note [A leaner host path]) the
+    extension makes it in one call (spillway._C.version_witness: ~1 us against ~9).
     """
+    fast = LEAN_WITNESS[0]
+    if fast is not None:
+        witness = fast(t)
+        if witness is not None:
+            return witness
     witness = torch.Tensor._make_subclass(torch.Tensor, t, False)
     version = witness._version
     witness.set_(_empty(t.dtype, t.device))
@@ -73,6 +79,9 @@ def version_witness(t: torch.Tensor) -> torch.Tensor:
 
 
 _EMPTY: dict = {}
+# spillway._C.version_witness while eager._LEAN_HOST is on, else None: set by
+# eager.OffloadActivations.__enter__ (one cell the contexts write, version_witness reads).
+LEAN_WITNESS: list = [None]
 
 
 def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
