@@ -27,7 +27,9 @@ median of --steps after warm-up), each the same work but for the hooks:
   submodule calls that take them (Note [Catching in a window], _CATCH_IN_WINDOWS);
   the by-position keep and the windowed rebuild again with what the contexts find
   unchanged between calls kept (Note [A leaner host path], eager._LEAN_HOST), then
-  with their kept saves packed in C++ too (Note [Kept saves in C++], _FAST_KEEP).
+  with their kept saves packed in C++ too (Note [Kept saves in C++], _FAST_KEEP), then
+  with their offloaded saves sent straight to the store too (Note [Offloaded saves by
+  position], _FAST_OFFLOAD).
 
 Printed: host ms per forward, the difference to `none` per block call and per saved
 tensor the hooks saw (tensors_seen per step). Timings of this host, not of the GPU
@@ -186,12 +188,12 @@ def main() -> int:
     windows = rebuild_by_position.replace(")", ", caught in windows)")
 
     def way(name, policy, parts=False, recipes=False, windows=False, lean=False, fast=False,
-            stub=None):
+            offload=False, stub=None):
         """A way: the policy of every block call, Notes [Parts by position], [Recipes by
-        position], [Catching in a window], [A leaner host path] and [Kept saves in C++]
-        on or off, --ablate's stub or None."""
+        position], [Catching in a window], [A leaner host path], [Kept saves in C++] and
+        [Offloaded saves by position] on or off, --ablate's stub or None."""
         return dict(name=name, policy=policy, parts=parts, recipes=recipes, windows=windows,
-                    lean=lean, fast=fast, stub=stub)
+                    lean=lean, fast=fast, offload=offload, stub=stub)
 
     by_position = dict(parts=True, recipes=True)
     ways = [
@@ -208,6 +210,10 @@ def main() -> int:
             lean=True, fast=True),
         way(windows.replace(")", ", lean host, kept in C++)"), rebuild, **by_position,
             windows=True, lean=True, fast=True),
+        way(keep_by_position.replace(")", ", lean host, kept and offloaded in C++)"),
+            keep_apart, parts=True, lean=True, fast=True, offload=True),
+        way(windows.replace(")", ", lean host, kept and offloaded in C++)"), rebuild,
+            **by_position, windows=True, lean=True, fast=True, offload=True),
     ]
     if args.ablate:
         ways += [way(keep_by_position.replace(")", f", {stub} stubbed)"), keep_apart,
@@ -219,6 +225,7 @@ def main() -> int:
         _eager_budget._CATCH_IN_WINDOWS = w["windows"]
         eager._LEAN_HOST = w["lean"]
         _eager_budget._FAST_KEEP = w["fast"]
+        _eager_budget._FAST_OFFLOAD = w["offload"]
         ctx = offload_activations(model, memory_budget=1.0, min_bytes=0, profile_steps=1,
                                   device=args.device)
         _forward_host_ms(model, ids, ctx, 2, sync)  # the profiling step, then a plan

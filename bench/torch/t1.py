@@ -53,6 +53,8 @@ BENCHMARKS.md). Methods:
                          0 also turns off Note [Recipes by position], which needs it;
                          windows=0|1 Note [Catching in a window]; lean=0|1 Note [A
                          leaner host path]; fast=0|1 Note [Kept saves in C++];
+                         fast_offload=0|1 Note [Offloaded saves by position]
+                         (with fast=1);
                          lane=0|1 Note [The host lane]; replan=0|1 Note [Replanning
                          on the host's speed]: planned again at the fifth step (the
                          third planned one) from the fourth's host times; --warmup >= 5
@@ -522,6 +524,9 @@ def _eager_budget(model, device: str, options: dict, plain):
     if "fast" in options:  # Note [Kept saves in C++]
         from spillway.activations import _eager_budget
         _eager_budget._FAST_KEEP = bool(options.pop("fast"))
+    if "fast_offload" in options:  # Note [Offloaded saves by position] (with fast=1)
+        from spillway.activations import _eager_budget
+        _eager_budget._FAST_OFFLOAD = bool(options.pop("fast_offload"))
     if "lane" in options:  # Note [The host lane], the host's costs from the profile
         from spillway.activations import _eager_budget
         _eager_budget._HOST_LANE = bool(options.pop("lane"))

@@ -69,11 +69,13 @@ struct Signature {
   }
 };
 
-// What one learned table of one block call keeps: per position, its signature and
-// the reason Python kept it (-1: Python decides at every call).
+// What one learned table of one block call keeps: per position, its signature, the
+// reason Python kept it and the part it offloaded it as (-1: Python decides at every
+// call).
 struct FastTable {
   std::vector<Signature> rows;
   std::vector<int> reasons;
+  std::vector<int> offloads;
   bool learned = false;
 };
 
@@ -92,9 +94,12 @@ bool is_storage_in(const at::Tensor& t, const std::unordered_set<std::intptr_t>&
 class FastKeep {
  public:
   // pack(t): Python's pack hook; pack_at(t, position): the same at a position of the
-  // armed call's table.
-  FastKeep(py::object pack, py::object pack_at)
-      : pack_(std::move(pack)), pack_at_(std::move(pack_at)) {}
+  // armed call's table; offload_at(t, position, part): Python's offload of a save
+  // whose position the table learned as offloaded as `part` (None: never asked).
+  FastKeep(py::object pack, py::object pack_at, py::object offload_at)
+      : pack_(std::move(pack)),
+        pack_at_(std::move(pack_at)),
+        offload_at_(std::move(offload_at)) {}
 
   py::object call(py::handle obj) {
     // Python's hook counts no position for a save made while a backward runs.
@@ -108,13 +113,16 @@ class FastKeep {
     if (learning_) {
       table_->rows.push_back(signature(obj, t));
       table_->reasons.push_back(-1);
+      table_->offloads.push_back(-1);
       return pack_at_(obj, at);
     }
     const auto& rows = table_->rows;
-    if (at >= static_cast<int64_t>(rows.size()) || table_->reasons[at] < 0 ||
+    if (at >= static_cast<int64_t>(rows.size()) ||
+        (table_->reasons[at] < 0 && table_->offloads[at] < 0) ||
         !(signature(obj, t) == rows[at])) {
       return pack_at_(obj, at);
     }
+    if (table_->reasons[at] < 0) return offload_at_(obj, at, table_->offloads[at]);
     ++kept_[table_->reasons[at]];
     auto kept = std::make_unique<FastKept>();
     kept->tensor = t.detach();
@@ -138,6 +146,7 @@ class FastKeep {
     if (learning_) {
       table_->rows.clear();
       table_->reasons.clear();
+      table_->offloads.clear();
     }
     owner_ = std::move(owner);
     layer_ = std::move(layer);
@@ -164,6 +173,16 @@ class FastKeep {
     if (!armed_ || !learning_ || position >= static_cast<int64_t>(table_->reasons.size())) return;
     table_->reasons[position] = reason;
     if (reason >= static_cast<int>(kept_.size())) kept_.resize(reason + 1, 0);
+  }
+  // Python offloaded the save at `position` as part `part` (learning), with nothing
+  // else done with it but what offload_at does again (Note [Offloaded saves by
+  // position] in _eager_budget.py).
+  void note_offload(int64_t position, int part) {
+    if (!armed_ || !learning_ || offload_at_.is_none() ||
+        position >= static_cast<int64_t>(table_->offloads.size())) {
+      return;
+    }
+    table_->offloads[position] = part;
   }
   void depart() { departed_ = true; }
   void set_reasons(int n) { kept_.assign(n, 0); }
@@ -202,7 +221,7 @@ class FastKeep {
     return s;
   }
 
-  py::object pack_, pack_at_;
+  py::object pack_, pack_at_, offload_at_;
   std::shared_ptr<FastTable> table_;
   py::object owner_ = py::none(), layer_ = py::none();
   std::unordered_set<std::intptr_t> weights_, inputs_;
@@ -238,6 +257,11 @@ void init_fast_keep(py::module_& m) {
         int64_t n = 0;
         for (int r : t.reasons) n += r >= 0;
         return n;
+      })
+      .def_property_readonly("offloaded", [](const FastTable& t) {
+        int64_t n = 0;
+        for (int p : t.offloads) n += p >= 0;
+        return n;
       });
   py::class_<FastKept>(m, "FastKept", "A save kept in C++: Python's _Kept, made by FastKeep")
       .def_property_readonly("tensor",
@@ -248,13 +272,15 @@ void init_fast_keep(py::module_& m) {
       .def_readonly("owner", &FastKept::owner)
       .def_readonly("layer", &FastKept::layer);
   py::class_<FastKeep>(m, "FastKeep", "A pack hook keeping a block call's learned saves in C++")
-      .def(py::init<py::object, py::object>(), py::arg("pack"), py::arg("pack_at"))
+      .def(py::init<py::object, py::object, py::object>(), py::arg("pack"), py::arg("pack_at"),
+           py::arg("offload_at") = py::none())
       .def("__call__", &FastKeep::call)
       .def("set_weights", &FastKeep::set_weights, py::arg("weights"))
       .def("arm", &FastKeep::arm, py::arg("table"), py::arg("owner"), py::arg("layer"),
            py::arg("inputs"))
       .def("disarm", &FastKeep::disarm)
       .def("note", &FastKeep::note, py::arg("position"), py::arg("reason"))
+      .def("note_offload", &FastKeep::note_offload, py::arg("position"), py::arg("part"))
       .def("depart", &FastKeep::depart)
       .def("set_reasons", &FastKeep::set_reasons);
 }

@@ -1328,10 +1328,11 @@ def test_cuda_by_position_peak_as_under_the_recorder_bit_exactly(linear_recipes,
 
 @needs_cuda
 def test_cuda_the_host_path_flags_change_no_bit(linear_recipes, monkeypatch):
-    """Notes [Catching in a window], [A leaner host path] and [Kept saves in C++] on the
-    GPU, bf16 Llama: with the three on, each policy's steps (under the Recorder, then by
-    position twice: the second keeps its saves in C++) are bit-equal to the plain step,
-    move and rebuild what they do with the three off, with peaks within 1 %."""
+    """Notes [Catching in a window], [A leaner host path], [Kept saves in C++] and
+    [Offloaded saves by position] on the GPU, bf16 Llama: with the four on, each
+    policy's steps (under the Recorder, then by position twice: the second keeps its
+    saves in C++ and offloads in one step) are bit-equal to the plain step, move and
+    rebuild what they do with the four off, with peaks within 1 %."""
     from spillway.activations import _eager_budget, eager
     from spillway.activations._eager_budget import _CallPolicy
 
@@ -1346,6 +1347,7 @@ def test_cuda_the_host_path_flags_change_no_bit(linear_recipes, monkeypatch):
         for on in (False, True):
             monkeypatch.setattr(_eager_budget, "_CATCH_IN_WINDOWS", on)
             monkeypatch.setattr(_eager_budget, "_FAST_KEEP", on)
+            monkeypatch.setattr(_eager_budget, "_FAST_OFFLOAD", on)
             monkeypatch.setattr(eager, "_LEAN_HOST", on)
             ctx._save_parts.clear()
             before, peaks = ctx.stats(), []
@@ -1835,11 +1837,13 @@ def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no
                                                   linear_recipes, recipes_by_position,
                                                   monkeypatch):
     """Note [Kept saves in C++] (python/csrc/fast_keep.cc): with _FAST_KEEP a call by
-    position keeps in C++ the saves its table's first call by position kept in Python:
-    bit-equal steps with the same statistics as Python's hook alone (the saves seen, why
-    each was kept, what moved and what was rebuilt), most saves never reaching Python;
-    left, the context can be collected; a weight written in place between forward and
-    backward fails backward as autograd would."""
+    position keeps in C++ the saves its table's first call by position kept in Python,
+    and with _FAST_OFFLOAD too offloads the ones it offloaded without _pack's checks
+    (Note [Offloaded saves by position]): bit-equal steps with the same statistics as
+    Python's hook alone (the saves seen, why each was kept, what moved and what was
+    rebuilt), most saves never reaching _pack; left, the context can be collected; a
+    weight written in place between forward and backward fails backward as autograd
+    would."""
     from spillway.activations import _eager_budget
 
     pack = _eager_budget.BudgetedOffload._pack
@@ -1853,8 +1857,9 @@ def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no
     parts = dict(cheap=cheap) if linear is None else dict(cheap=cheap, linear=linear)
     work = _named_work(name)
     seen, python = {}, {}
-    for fast in (False, True):
-        monkeypatch.setattr(_eager_budget, "_FAST_KEEP", fast)
+    for fast in (False, True, "offload"):
+        monkeypatch.setattr(_eager_budget, "_FAST_KEEP", bool(fast))
+        monkeypatch.setattr(_eager_budget, "_FAST_OFFLOAD", fast == "offload")
         ctx = _run(work, _budget_ctx(work, 1.0), steps=2)
         _steps_under(work, ctx, 2, saved, **parts)  # learns: the Recorder, then C++
         before, in_python[0] = ctx.stats(), 0
@@ -1865,11 +1870,14 @@ def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no
             "tensors_seen", "tensors_offloaded", "storages_offloaded", "bytes_offloaded",
             "parts_by_position", "recipes_by_position", "parts_departed")},
             {r: after["skipped"][r] - before["skipped"][r] for r in after["skipped"]})
-    assert seen[True] == seen[False], seen
+    assert seen[True] == seen[False] == seen["offload"], seen
     assert seen[True][1]["parts_by_position"] > 0 and seen[True][1]["parts_departed"] == 0
     tables = [table for _, table in ctx._fast_tables.values()]
     assert tables and all(t.learned for t in tables) and sum(t.kept for t in tables) > 0
     assert 0 < python[True] < python[False], python
+    if seen[True][1]["tensors_offloaded"] > 0:
+        assert sum(t.offloaded for t in tables) > 0
+        assert 0 < python["offload"] < python[True], python
     # Left, the context is free to go: its C++ hook held its methods only while entered.
     import gc
     import weakref

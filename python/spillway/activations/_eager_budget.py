@@ -104,7 +104,7 @@ from torch.utils.checkpoint import checkpoint
 
 from spillway import _C, _budget
 from spillway.activations import eager
-from spillway.activations._eager_store import _Kept, _Layer
+from spillway.activations._eager_store import _Handle, _Kept, _Layer
 from spillway.activations._recipes import (RebuildProbe, Recipe, RecipeScope, Recorder, SaveParts,
                                            nodes_of, save_layout, storage_key)
 from spillway.activations._budget_graph import (BlockCall, StepProfile, as_run_peak,
@@ -163,7 +163,11 @@ _HOST_LANE = False
 _HOST_REPLAN = False
 _REPLAN_AT = 3
 _REPLAN_MARGIN = 0.01
+# Note [Offloaded saves by position] (with _FAST_KEEP): a call by position offloads in
+# one step the saves its table's first such call offloaded.
+_FAST_OFFLOAD = False
 _REASONS = eager._SKIP_REASONS  # FastKeep counts by index
+_PARTS = (None, "cheap", "linear")  # FastKeep's offloads by index
 
 
 def parse_memory_budget(value) -> tuple[int | None, float | None]:
@@ -655,10 +659,34 @@ class BudgetedOffload(eager.OffloadActivations):
         if not _FAST_KEEP:
             return self._pack
         # Note [Kept saves in C++]: held while entered (it holds the context's methods).
-        self._fast = _C.FastKeep(self._pack, self._pack_at)
+        self._fast = _C.FastKeep(self._pack, self._pack_at,
+                                 self._offload_at if _FAST_OFFLOAD else None)
         self._fast.set_reasons(len(_REASONS))
         self._fast.set_weights([k.cdata for k in self._param_storages])
         return self._fast
+
+    # Note [Offloaded saves by position]. With _FAST_OFFLOAD (and _FAST_KEEP) a save that
+    # a table's learning call offloaded (Python packed it to a _Handle, no recipe) goes,
+    # at later calls whose signature at that position is the learned one (Note [Kept
+    # saves in C++]), straight to the store's offload: _pack's head, part and skip checks
+    # are what the signature fixes (the save's type, autograd maker, layout, bytes,
+    # weight and input storage; the call's policy and part are the table's), so they
+    # would answer as they did. What is not fixed runs as before: the store's dedup, its
+    # pinned budget (a full one keeps the save, counted), the statistics, and the call's
+    # SaveParts noting what recipes read. Off until measured on T1.
+    def _offload_at(self, t, position: int, part: int):
+        scope = self._recipes[0]
+        scope.at = position + 1  # as SaveParts.next() leaves it
+        self._packing_part = _PARTS[part]
+        try:
+            with self._lock:
+                self._stats["tensors_seen"] += 1
+                storage = t.untyped_storage()
+                packed = self._pack_offloaded(t, storage, StorageWeakRef(storage))
+        finally:
+            self._packing_part = None
+        scope.saved(t, packed)
+        return packed
 
     def _pack_at(self, t, position: int):
         """The pack hook for a call's save at `position` (FastKeep counted it)."""
@@ -990,6 +1018,8 @@ class BudgetedOffload(eager.OffloadActivations):
                 elif (self._kept_reason is not None and type(packed) is _Kept
                       and scope.at - 1 not in scope.needed):
                     fast.note(scope.at - 1, _REASONS.index(self._kept_reason))
+                elif type(packed) is _Handle:  # Note [Offloaded saves by position]
+                    fast.note_offload(scope.at - 1, _PARTS.index(part))
             return packed
         if isinstance(t, nn.Parameter):
             self._learned(t, None)
