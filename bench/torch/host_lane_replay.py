@@ -36,6 +36,27 @@ from spillway.activations._budget_graph import (charge_host, host_lane, measured
                                                 mode_ratio)
 
 
+def _copy(obj: dict) -> dict:
+    return json.loads(json.dumps(obj))
+
+
+def _lane(plan: dict, graph: dict, costs: list[dict], decisions: dict, budget: int,
+          options: dict) -> tuple[dict, dict]:
+    """The plan's simulation with the host lane of `graph` and `costs` charged as its
+    decisions take them, and the plan the planner makes with that lane."""
+    charged = charge_host(_copy(plan["graph"]), graph, costs, decisions)
+    simulated = json.loads(_C.simulate_graph(json.dumps(charged),
+                                             recomputed=plan["recomputed_nodes"]))
+    made = json.loads(_C.plan_memory_budget(json.dumps(graph), budget, **options,
+                                            host_costs_json=json.dumps(costs)))
+    return simulated, made
+
+
+def _mix(result: dict) -> dict:
+    return dict(collections.Counter(f"{c['name'].split('_', 1)[1]} {c['decision']}"
+                                    for c in result["choices"] if c["decision"] != "keep"))
+
+
 def replay(run: list[dict]) -> list[dict]:
     rows = []
     none = next((r["step_ms_median"] for r in run if r["method"] == "none"), None)
@@ -50,7 +71,7 @@ def replay(run: list[dict]) -> list[dict]:
         decisions = {c["name"]: c["decision"] for c in plan["choices"]}
         block_host = stats["block_forward_host_ms"]
 
-        measured = json.loads(json.dumps(plan["graph"]))
+        measured = _copy(plan["graph"])
         by_name = {n["name"]: n for n in measured["nodes"]}
         for k, ms in enumerate(block_host):
             by_name[f"b{k}_forward"]["cpu_ms"] = ms
@@ -59,34 +80,18 @@ def replay(run: list[dict]) -> list[dict]:
         replayed = json.loads(_C.simulate_graph(json.dumps(measured),
                                                 recomputed=plan["recomputed_nodes"]))
 
-        modelled_graph = json.loads(json.dumps(graph))
         profile = types.SimpleNamespace(calls=[
             types.SimpleNamespace(forward_host_ms=c["forward_host_ms"])
             for c in stats["profile"]["calls"]])
+        modelled_graph = _copy(graph)
         costs = host_lane(modelled_graph, profile)
-        charged = charge_host(json.loads(json.dumps(plan["graph"])), modelled_graph, costs,
-                           decisions)
-        modelled = json.loads(_C.simulate_graph(json.dumps(charged),
-                                                recomputed=plan["recomputed_nodes"]))
-        aware = json.loads(_C.plan_memory_budget(json.dumps(modelled_graph), budget, **options,
-                                                 host_costs_json=json.dumps(costs)))
+        modelled, aware = _lane(plan, modelled_graph, costs, decisions, budget, options)
         ratios = [mode_ratio(c["saved"], c.get("linear"), c.get("cheap"), c.get("input", "keep"))
                   for c in stats["choices"]]
-        scaled_graph = json.loads(json.dumps(graph))
+        scaled_graph = _copy(graph)
         scaled_costs, scale, between = measured_host_lane(
             scaled_graph, profile, ratios, block_host, record["host"]["forward_host_ms"])
-        charged = charge_host(json.loads(json.dumps(plan["graph"])), scaled_graph, scaled_costs,
-                              decisions)
-        scaled = json.loads(_C.simulate_graph(json.dumps(charged),
-                                              recomputed=plan["recomputed_nodes"]))
-        replanned = json.loads(_C.plan_memory_budget(json.dumps(scaled_graph), budget, **options,
-                                                     host_costs_json=json.dumps(scaled_costs)))
-        replan_mix = collections.Counter(
-            f"{c['name'].split('_', 1)[1]} {c['decision']}"
-            for c in replanned["choices"] if c["decision"] != "keep")
-        mix = collections.Counter(
-            f"{c['name'].split('_', 1)[1]} {c['decision']}"
-            for c in aware["choices"] if c["decision"] != "keep")
+        scaled, replanned = _lane(plan, scaled_graph, scaled_costs, decisions, budget, options)
         rows.append({
             "method": record["method"],
             "step_ms_median": record["step_ms_median"],
@@ -98,13 +103,13 @@ def replay(run: list[dict]) -> list[dict]:
             "model_ms": modelled["step_ms"],
             "aware_plan_ms": aware["forecast"]["step_ms"],
             "aware_plan_x_none": aware["forecast"]["step_ms"] / none if none else None,
-            "aware_plan_mix": dict(mix),
+            "aware_plan_mix": _mix(aware),
             "scale": scale,
             "between_ms": between,
             "measured_ms": scaled["step_ms"],
             "replanned_ms": replanned["forecast"]["step_ms"],
             "replanned_x_none": replanned["forecast"]["step_ms"] / none if none else None,
-            "replanned_mix": dict(replan_mix),
+            "replanned_mix": _mix(replanned),
         })
     return rows
 
