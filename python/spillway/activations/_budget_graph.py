@@ -340,7 +340,7 @@ def block_graph(profile: StepProfile, *, resident_bytes: int, offset_bytes: int,
 # checkpointed (BlockCall.forward_host_ms, P). The costs of the other ways are P times
 # these ratios, fitted (non-negative least squares, one ratio per way of launching, the
 # first and last block left out) to the per-block host ms of every planned step of the
-# T1 runs v16, v17 (H100) and v18 (H200): 290 blocks. The fit's median error per block
+# T1 runs v16, v17 (H100) and v18 (H200): 294 blocks. The fit's median error per block
 # is 28 % (90th percentile 90 %): the host's speed moves within a process between the
 # profiling step and the planned ones (v18's 15 GiB run launched checkpointed blocks in
 # 1.6 ms while profiling, then rebuilt blocks in 7.5-10.9 ms). The figures are a cost
