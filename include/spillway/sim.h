@@ -277,7 +277,9 @@ enum class MemoryCategory {
 inline constexpr int kMemoryCategoryCount = 6;
 std::string_view to_string(MemoryCategory category);
 
-enum class Stream { kCompute, kD2H, kH2D };
+// kHost: the thread that issues the step (execution model (12)); its intervals
+// are the host's time to issue each node, where the graph has cpu_ms.
+enum class Stream { kCompute, kD2H, kH2D, kHost };
 std::string_view to_string(Stream stream);
 
 struct SimOptions {
@@ -305,7 +307,7 @@ struct StreamInterval {
   NodeId node = -1;
   double start_ms = 0;
   double end_ms = 0;
-  std::int64_t bytes = 0;  // copies: bytes moved; compute: 0
+  std::int64_t bytes = 0;  // copies: bytes moved; compute and host: 0
 };
 
 // Live device bytes while one node runs (execution model (7)).
@@ -338,7 +340,8 @@ struct SimResult {
   std::int64_t bytes_h2d = 0;
   std::int64_t host_peak_bytes = 0;  // pinned host bytes held at once
   // With record_timeline: one point per node in graph order, and every
-  // stream interval (compute nodes with nonzero time, and every copy).
+  // stream interval (compute nodes with nonzero time, every copy, and with
+  // host times each node the host spent time issuing).
   std::vector<TimelinePoint> timeline;
   std::vector<StreamInterval> intervals;
 };

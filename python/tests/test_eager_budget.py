@@ -1934,7 +1934,8 @@ def test_saves_kept_in_cpp_are_those_python_keeps(name, saved, cheap, linear, no
 
 
 def test_the_host_lane_charges_each_blocks_launch_and_the_plan_stays_exact(no_leaks,
-                                                                           monkeypatch):
+                                                                           monkeypatch,
+                                                                           tmp_path):
     """_HOST_LANE (off by default): the block graph carries each call's host time by
     Note [Host costs by mode], the planner's forecast gives the host's share, a host
     that cannot keep up makes the planner avoid what costs it most, and the steps stay
@@ -1962,6 +1963,11 @@ def test_the_host_lane_charges_each_blocks_launch_and_the_plan_stays_exact(no_le
     forecast = plan.forecast()
     assert forecast["host_ms"] > 0 and forecast["host_wait_ms"] >= 0
     assert forecast["peak_bytes"] <= plan.budget_bytes
+    plan.chrome_trace(tmp_path / "trace.json")  # the host has a track of its own
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    threads = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
+    assert "host (issuing)" in threads
+    assert any(e["ph"] == "X" and e["tid"] == threads["host (issuing)"] for e in events)
 
     # The same graph with a host far slower than the device: the lane's plan checkpoints
     # or keeps where the blind one rebuilt or offloaded, and is forecast slower.

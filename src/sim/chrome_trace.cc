@@ -3,12 +3,14 @@
 //
 //   {"traceEvents": [...], "displayTimeUnit": "ms"}
 //
-// One process ("spillway simulation") with one thread per stream, a complete
-// ("X") event per stream interval, and counter ("C") events of live device
+// One process ("spillway simulation") with one thread per stream (and one for
+// the host where the simulation modelled it), a complete ("X") event per
+// stream interval, and counter ("C") events of live device
 // bytes: one per timeline point at the node's start, and a final one at the
 // end of the step. Timestamps and durations are microseconds, as the format
 // wants. nlohmann's writer escapes every string (and replaces invalid UTF-8).
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -36,6 +38,8 @@ int thread_id(Stream stream) {
       return 2;
     case Stream::kH2D:
       return 3;
+    case Stream::kHost:
+      return 4;
   }
   return 1;
 }
@@ -48,6 +52,8 @@ const char* thread_name(Stream stream) {
       return "D2H";
     case Stream::kH2D:
       return "H2D";
+    case Stream::kHost:
+      return "host (issuing)";
   }
   return "compute";
 }
@@ -60,6 +66,8 @@ const char* event_category(Stream stream) {
       return "copy_d2h";
     case Stream::kH2D:
       return "copy_h2d";
+    case Stream::kHost:
+      return "host";
   }
   return "compute";
 }
@@ -79,7 +87,7 @@ Json interval_event(const StreamInterval& interval, const sim::NodeNames& names)
     args["phase"] = std::string(to_string(node->phase));
     if (!node->module_stack.empty()) args["module"] = node->module_stack.back();
   }
-  if (interval.stream != Stream::kCompute) {
+  if (interval.stream == Stream::kD2H || interval.stream == Stream::kH2D) {
     args["bytes"] = interval.bytes;
     const double seconds = (interval.end_ms - interval.start_ms) / 1e3;
     if (seconds > 0) args["GB/s"] = static_cast<double>(interval.bytes) / 1e9 / seconds;
@@ -132,7 +140,10 @@ std::string chrome_trace(const Graph& graph, const SimResult& result) {
 
   Json events = Json::array();
   events.push_back(metadata_event("process_name", 0, Json{{"name", kProcessName}}));
-  for (Stream stream : {Stream::kCompute, Stream::kD2H, Stream::kH2D}) {
+  const bool host = std::any_of(result.intervals.begin(), result.intervals.end(),
+                                [](const StreamInterval& i) { return i.stream == Stream::kHost; });
+  for (Stream stream : {Stream::kCompute, Stream::kD2H, Stream::kH2D, Stream::kHost}) {
+    if (stream == Stream::kHost && !host) continue;
     const int tid = thread_id(stream);
     events.push_back(metadata_event("thread_name", tid, Json{{"name", thread_name(stream)}}));
     events.push_back(metadata_event("thread_sort_index", tid, Json{{"sort_index", tid}}));

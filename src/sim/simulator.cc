@@ -69,6 +69,8 @@ std::string_view to_string(Stream stream) {
       return "d2h";
     case Stream::kH2D:
       return "h2d";
+    case Stream::kHost:
+      return "host";
   }
   return "unknown";
 }
@@ -823,6 +825,9 @@ class Simulation {
 
       if (host_modelled) {
         const double issue = node.cpu_ms.value_or(0.0);
+        if (timeline && issue > 0) {
+          result.intervals.push_back({Stream::kHost, node.id, host, host + issue, 0});
+        }
         host += issue;
         result.host_ms += issue;
       }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -112,6 +113,16 @@ TEST(Simulate, ANodeEndsNoEarlierThanTheHostHasIssuedIt) {
   EXPECT_DOUBLE_EQ(point_of(r, c).end_ms, 3.5);
   EXPECT_DOUBLE_EQ(point_of(r, d).end_ms, 7.5);
   EXPECT_DOUBLE_EQ(r.step_ms, 7.5);
+  // The host's track: what it spent issuing each node.
+  const StreamInterval& issued = interval_of(r, Stream::kHost, c);
+  EXPECT_DOUBLE_EQ(issued.start_ms, 0.5);
+  EXPECT_DOUBLE_EQ(issued.end_ms, 3.5);
+  EXPECT_EQ(std::count_if(r.intervals.begin(), r.intervals.end(),
+                          [](const StreamInterval& i) { return i.stream == Stream::kHost; }),
+            3);
+  EXPECT_EQ(std::count_if(plain.intervals.begin(), plain.intervals.end(),
+                          [](const StreamInterval& i) { return i.stream == Stream::kHost; }),
+            0);
 }
 
 TEST(Simulate, StorageIsFreedAfterItsLastReader) {

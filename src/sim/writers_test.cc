@@ -176,6 +176,28 @@ TEST(ChromeTrace, OneCompleteEventPerIntervalInMicroseconds) {
   EXPECT_EQ(slices[1].at("dur").get<double>(), 2125.0);
 }
 
+// Execution model (12): where the simulation modelled the host, its issuing
+// intervals get a track of their own, without bytes; without, no such track.
+TEST(ChromeTrace, TheHostGetsATrackWhereTheSimulationModelledIt) {
+  const Graph graph = small_graph();
+  SimResult result = small_result();
+  result.intervals.push_back({Stream::kHost, 1, 0.0, 0.5, 0});
+  result.intervals.push_back({Stream::kHost, 3, 0.5, 2.5, 0});
+  const Json trace = ir::parse_json(chrome_trace(graph, result));
+  const std::map<std::string, std::int64_t> ids = thread_ids(trace);
+  ASSERT_EQ(ids.size(), 4u);
+  ASSERT_TRUE(ids.count("host (issuing)"));
+  int host_slices = 0;
+  for (const Json& slice : events_with_phase(trace, "X")) {
+    if (slice.at("tid").get<std::int64_t>() != ids.at("host (issuing)")) continue;
+    ++host_slices;
+    EXPECT_EQ(slice.at("cat"), "host");
+    EXPECT_FALSE(slice.at("args").contains("bytes"));
+  }
+  EXPECT_EQ(host_slices, 2);
+  EXPECT_EQ(thread_ids(ir::parse_json(chrome_trace(graph, small_result()))).size(), 3u);
+}
+
 TEST(ChromeTrace, CounterSamplesEveryCategoryAtEachNodeStartAndAtTheEnd) {
   const SimResult result = small_result();
   const Json trace = ir::parse_json(chrome_trace(small_graph(), result));
