@@ -506,33 +506,26 @@ def _budget_bytes(spec, model, device: str):
 def _eager_budget(model, device: str, options: dict, plain):
     import torch
 
-    from spillway.activations import eager
+    from spillway.activations import _eager_budget, eager
 
     options = dict(options)
     if "budget" not in options:
         raise SystemExit("[t1] spillway-eager-budget needs a budget: "
                          "spillway-eager-budget:19GiB")
     budget = _budget_bytes(options.pop("budget"), model, device)
-    if "by_position" in options:  # this method's own subprocess: the flag is its alone
-        from spillway.activations import _eager_budget
-        _eager_budget._PARTS_BY_POSITION = bool(options.pop("by_position"))
-    if "windows" in options:  # Note [Catching in a window]
-        from spillway.activations import _eager_budget
-        _eager_budget._CATCH_IN_WINDOWS = bool(options.pop("windows"))
-    if "lean" in options:  # Note [A leaner host path]
-        eager._LEAN_HOST = bool(options.pop("lean"))
-    if "fast" in options:  # Note [Kept saves in C++]
-        from spillway.activations import _eager_budget
-        _eager_budget._FAST_KEEP = bool(options.pop("fast"))
-    if "fast_offload" in options:  # Note [Offloaded saves by position] (with fast=1)
-        from spillway.activations import _eager_budget
-        _eager_budget._FAST_OFFLOAD = bool(options.pop("fast_offload"))
-    if "lane" in options:  # Note [The host lane], the host's costs from the profile
-        from spillway.activations import _eager_budget
-        _eager_budget._HOST_LANE = bool(options.pop("lane"))
-    if "replan" in options:  # Note [Replanning on the host's speed] (needs --warmup >= 5)
-        from spillway.activations import _eager_budget
-        _eager_budget._HOST_REPLAN = bool(options.pop("replan"))
+    # Options that set a module flag (this method's own subprocess: the flag is its alone).
+    flags = {
+        "by_position": (_eager_budget, "_PARTS_BY_POSITION"),  # Note [Parts by position]
+        "windows": (_eager_budget, "_CATCH_IN_WINDOWS"),  # Note [Catching in a window]
+        "lean": (eager, "_LEAN_HOST"),  # Note [A leaner host path]
+        "fast": (_eager_budget, "_FAST_KEEP"),  # Note [Kept saves in C++]
+        "fast_offload": (_eager_budget, "_FAST_OFFLOAD"),  # [Offloaded saves by position]
+        "lane": (_eager_budget, "_HOST_LANE"),  # Note [The host lane], from the profile
+        "replan": (_eager_budget, "_HOST_REPLAN"),  # [Replanning on the host's speed]
+    }
+    for option, (module, flag) in flags.items():
+        if option in options:
+            setattr(module, flag, bool(options.pop(option)))
     ctx = eager.offload_activations(model, memory_budget=budget, device=device, **options)
 
     def step(ids):

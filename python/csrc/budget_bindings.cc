@@ -72,15 +72,16 @@ std::vector<HostCost> host_costs_of(const std::string& text) {
     }
     HostCost cost;
     cost.value = item["value"].get<std::string>();
-    for (const char* key : {"offload_ms", "recompute_ms"}) {
-      if (!item.contains(key)) continue;
+    auto number = [&](const char* key, double& out) {
+      if (!item.contains(key)) return;
       if (!item[key].is_number()) {
         throw InvalidArgument("plan", "host_costs_json: '" + cost.value + "': " + key +
                                           " must be a number");
       }
-      (std::string(key) == "offload_ms" ? cost.offload_ms : cost.recompute_ms) =
-          item[key].get<double>();
-    }
+      out = item[key].get<double>();
+    };
+    number("offload_ms", cost.offload_ms);
+    number("recompute_ms", cost.recompute_ms);
     if (item.contains("unless_recomputed") && !item["unless_recomputed"].is_null()) {
       if (!item["unless_recomputed"].is_string()) {
         throw InvalidArgument("plan", "host_costs_json: '" + cost.value +

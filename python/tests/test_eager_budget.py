@@ -2027,7 +2027,7 @@ def test_a_plan_made_again_on_the_hosts_speed_is_taken_bit_exactly(no_leaks, mon
     def replan_on_a_slow_host(self):
         if slow[0]:  # what the steps before measured, as a host 1000x slower would
             self._block_host_ms = {k: 1e3 * ms for k, ms in self._block_host_ms.items()}
-            self._forward_host[1] *= 1e3
+            self._forward_host_ms *= 1e3
         return original(self)
 
     monkeypatch.setattr(_eager_budget.BudgetedOffload, "_replan_on_host", replan_on_a_slow_host)

@@ -616,10 +616,12 @@ class BudgetedOffload(eager.OffloadActivations):
         self._fast_armed = None
         self._fast_tables: dict[int, tuple] = {}
         self._block_host_ms: dict[int, float] = {}  # stats(): per block call ordinal
-        # Note [Replanning on the host's speed]: planned steps begun, the host's ms for the
-        # last planned forward (its start), and what the replan found (stats()).
+        # Note [Replanning on the host's speed]: planned steps begun, when the running
+        # planned forward began (perf_counter), the host's ms for the last one, and what
+        # the replan found (stats()).
         self._planned_steps = 0
-        self._forward_host: list[float] = [0.0, 0.0]
+        self._forward_start = 0.0
+        self._forward_host_ms = 0.0
         self._host_replan: dict | None = None
         self._params: dict | None = None  # _params_by_ptr's, reset at each model call
         # Note [The head's late tensors]: the plan offloads them (from the profile: the
@@ -731,7 +733,7 @@ class BudgetedOffload(eager.OffloadActivations):
             if _HOST_REPLAN and self._host_replan is None and self._planned_steps >= _REPLAN_AT:
                 self._replan_on_host()
             self._pass_mode = "plan"
-            self._forward_host[0] = time.perf_counter()
+            self._forward_start = time.perf_counter()
         elif self._recording is None:
             self._pass_mode = "profile"
             self._start_recording()
@@ -740,7 +742,7 @@ class BudgetedOffload(eager.OffloadActivations):
 
     def _on_model_end(self, module, args, output):
         if self._pass_mode == "plan":
-            self._forward_host[1] = 1e3 * (time.perf_counter() - self._forward_host[0])
+            self._forward_host_ms = 1e3 * (time.perf_counter() - self._forward_start)
             # The plan's waits that are due after the last block (its lag points past it:
             # the end of forward) run here and let the device copies go. Without this the
             # store would keep them resident when backward starts. The head's layer ends.
@@ -1470,7 +1472,7 @@ class BudgetedOffload(eager.OffloadActivations):
             return
         host = [self._block_host_ms.get(k) for k in range(len(calls))]
         if (any(h is None for h in host) or len(choices) != len(calls)
-                or any(not c.forward_host_ms for c in calls) or self._forward_host[1] <= 0):
+                or any(not c.forward_host_ms for c in calls) or self._forward_host_ms <= 0):
             record["skipped"] = "a block call without host times"
             return
         graph = json.loads(json.dumps(plan.graph))
@@ -1478,7 +1480,7 @@ class BudgetedOffload(eager.OffloadActivations):
             node.pop("cpu_ms", None)
         ratios = [mode_ratio(c.saved, c.linear, c.cheap, c.input) for c in choices]
         costs, scale, between = measured_host_lane(graph, plan.profile, ratios, host,
-                                                   self._forward_host[1])
+                                                   self._forward_host_ms)
         # The running plan, made again (its graph and options give it bit for bit), with
         # this host instead of any it was made with.
         running = json.loads(_bindings().plan_memory_budget(

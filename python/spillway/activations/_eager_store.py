@@ -64,7 +64,7 @@ def version_witness(t: torch.Tensor) -> torch.Tensor:
     An alias made by _make_subclass shares the version counter (like detach());
     set_ then points it at an empty storage. set_ bumps the shared counter, so
     the counter is put back. With eager._LEAN_HOST (Note [A leaner host path]) the
-    extension makes it in one call (spillway._C.version_witness: ~1 us against ~9).
+    extension makes it in one call (spillway._C.version_witness: ~0.3 us against ~2).
     """
     fast = LEAN_WITNESS[0]
     if fast is not None:

@@ -123,9 +123,9 @@ _DEFAULT_SCOPE = _DefaultScope("self_attn")
 # (_eager_budget.py, SaveParts.needs_of), and a planned step's saves skip _head_save
 # before the head's layer; each offloaded save's version witness is made in C++
 # (_eager_store.version_witness: ~0.3 us against ~2). Results are the same bits either
-# way (tests run both). Off
-# until measured on T1: on the 2-core CPU host (2026-12-08, host bench) a by-position
-# block's hooks cost ~130 us less with it, 5-9 % of what they add to a plain forward.
+# way (tests run both). Off until measured on T1: on the 2-core CPU host (2026-12-08,
+# host bench) a by-position block's hooks cost ~130 us less with it, 5-9 % of what they
+# add to a plain forward.
 _LEAN_HOST = False
 
 
